@@ -1,0 +1,60 @@
+"""The one registry of benchmark suites, and the options every suite receives.
+
+A suite is a module with ``run(options: SuiteOptions) -> list[Row]`` and, when it draws a
+picture, ``plot(rows: list[Row], path: Path) -> None``. Modules are imported only when their
+suite runs, so a suite's heavy dependencies (UCX, torch, Redis) never slow down another's.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+
+from bench.report import Row
+
+
+@dataclass(frozen=True)
+class SuiteOptions:
+    """Flags shared by every suite.
+
+    Attributes:
+        quick: a short run with the same rows and columns as the full one.
+    """
+
+    quick: bool = False
+
+
+@dataclass(frozen=True)
+class SuiteSpec:
+    """Where a suite lives and what the CLI says about it."""
+
+    name: str
+    module: str
+    help: str
+    can_plot: bool = False
+
+    def run(self, options: SuiteOptions) -> list[Row]:
+        """Imports the suite's module and runs it; returns one dict per table row."""
+        run: Callable[[SuiteOptions], list[Row]] = importlib.import_module(self.module).run
+        return run(options)
+
+    def plot(self, rows: list[Row], path: Path) -> None:
+        """Writes the suite's PNG of `rows` to `path`."""
+        assert self.can_plot, f"suite {self.name} has no plot"
+        plot: Callable[[list[Row], Path], None] = importlib.import_module(self.module).plot
+        plot(rows, path)
+
+
+_SPECS = (
+    SuiteSpec(
+        "keys",
+        "bench.keys",
+        "block_keys over a 128k-token prompt: list vs numpy input, four block sizes",
+        can_plot=True,
+    ),
+)
+
+SUITES: Mapping[str, SuiteSpec] = MappingProxyType({spec.name: spec for spec in _SPECS})

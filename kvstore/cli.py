@@ -1,0 +1,114 @@
+"""`kvstore` command line: serve, demo, stats, health."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Callable
+
+from rich.console import Console
+
+from kvstore import config as cfg
+from kvstore.client import Client
+from kvstore.demo import DemoConfig, run_demo
+from kvstore.errors import KVStoreError
+from kvstore.server import EmbeddedServer, ServerConfig, serve
+from kvstore.store import StoreConfig
+
+LOG_FORMAT = "ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s"
+
+
+def _store_and_server(args: argparse.Namespace) -> tuple[StoreConfig, ServerConfig]:
+    file_values = cfg.load_file(args.config)
+    return (
+        cfg.build(StoreConfig, args, os.environ, file_values),
+        cfg.build(ServerConfig, args, os.environ, file_values),
+    )
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    store_config, server_config = _store_and_server(args)
+    asyncio.run(serve(store_config, server_config))
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    console = Console()
+    store_config = StoreConfig(dram_bytes=cfg.parse_bytes(args.dram_bytes))
+    with EmbeddedServer(store_config) as server:
+        console.print(f"embedded store at {server.address}, DRAM {args.dram_bytes}")
+        reports = run_demo(server.address, DemoConfig(num_users=args.users), console)
+    return 0 if all(r.is_intact for r in reports) else 1
+
+
+def _cmd_stats(args: argparse.Namespace) -> int:
+    with Client(args.address, timeout_s=args.timeout_s) as client:
+        stats = client.stats()
+    for name, value in stats._asdict().items():
+        if name != "tiers":
+            print(f"{name}={value}")
+    for tier in stats.tiers:
+        print(
+            f"tier={tier.name} capacity_bytes={tier.capacity_bytes} "
+            f"used_bytes={tier.used_bytes} num_blocks={tier.num_blocks}"
+        )
+    return 0
+
+
+def _cmd_health(args: argparse.Namespace) -> int:
+    with Client(args.address, timeout_s=args.timeout_s) as client:
+        is_serving = client.health()
+    print("SERVING" if is_serving else "NOT_SERVING")
+    return 0 if is_serving else 1
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="run a store node (gRPC) until SIGTERM")
+    p.add_argument("--config", default=None, help="TOML file with any of the options below")
+    cfg.add_arguments(p, StoreConfig)
+    cfg.add_arguments(p, ServerConfig)
+    p.set_defaults(func=_cmd_serve)
+
+
+def _add_demo(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="start an embedded store and run a prefix-reuse demo")
+    p.add_argument("--dram-bytes", default="256MiB", help="DRAM tier of the embedded store")
+    p.add_argument("--users", type=int, default=8, help="users sharing the system prompt")
+    p.set_defaults(func=_cmd_demo)
+
+
+def _add_client_command(
+    sub: argparse._SubParsersAction, name: str, help: str, func: Callable
+) -> None:
+    p = sub.add_parser(name, help=help)
+    p.add_argument("--address", default="127.0.0.1:50051", help="store node host:port")
+    p.add_argument("--timeout-s", type=float, default=10.0)
+    p.set_defaults(func=func)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvstore", description=__doc__)
+    parser.add_argument("--log-level", default="INFO")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_serve(sub)
+    _add_demo(sub)
+    _add_client_command(sub, "stats", "print a store node's counters", _cmd_stats)
+    _add_client_command(sub, "health", "exit 0 if a store node is serving", _cmd_health)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
+    try:
+        return args.func(args)
+    except KVStoreError as exc:
+        print(f"kvstore: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,377 @@
+"""Python clients of a store node: `Client` (blocking) and `AsyncClient` (asyncio).
+
+Both speak the same gRPC service, put a timeout on every call and raise the typed errors
+of `kvstore.errors`. Bytes travel over the portable gRPC path here.
+
+Example:
+    >>> ns = Namespace("llama-3-8b", KVLayout("float16", 32, 8, 128, 16))
+    >>> with Client("127.0.0.1:50051") as client:
+    ...     client.register_namespace(ns)
+    ...     keys = block_keys(ns, prompt_tokens)
+    ...     n = client.match(ns.id, keys).num_matched
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import NamedTuple, NoReturn
+
+import grpc
+import numpy as np
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from kvstore import errors, wire
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.keys import Namespace
+from kvstore.results import (
+    MatchResult,
+    NamespaceInfo,
+    PutResult,
+    PutStatus,
+    ReserveResult,
+    StoreStats,
+)
+
+DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_CHUNK_BYTES = 1 << 20
+DEFAULT_MAX_MESSAGE_BYTES = 8 << 20
+
+Buffer = bytes | bytearray | memoryview | np.ndarray
+
+
+class GetResult(NamedTuple):
+    """Blocks in key order; None where a key missed."""
+
+    blocks: tuple[bytearray | None, ...]
+
+    @property
+    def found(self) -> tuple[bool, ...]:
+        return tuple(b is not None for b in self.blocks)
+
+    @property
+    def num_found(self) -> int:
+        return sum(self.found)
+
+
+def _raise(err: grpc.RpcError) -> NoReturn:
+    code = err.code()  # type: ignore[attr-defined]
+    metadata = err.trailing_metadata() or ()  # type: ignore[attr-defined]
+    name = next((v for k, v in metadata if k == errors.ERROR_METADATA_KEY), None)
+    cls = errors.error_class(name, code.name)
+    raise cls(f"{code.name}: {err.details()}") from err  # type: ignore[attr-defined]
+
+
+def _as_bytes_view(buf: Buffer) -> memoryview:
+    view = memoryview(buf)  # type: ignore[arg-type]
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def _blocks_to_write(
+    reserved: ReserveResult, blocks: Sequence[Buffer]
+) -> list[tuple[int, memoryview]]:
+    return [
+        (i, _as_bytes_view(blocks[i]))
+        for i, status in enumerate(reserved.statuses)
+        if status is PutStatus.RESERVED
+    ]
+
+
+def _put_result(reserved: ReserveResult) -> PutResult:
+    statuses = reserved.statuses
+    return PutResult(
+        num_stored=reserved.num_reserved,
+        num_present=statuses.count(PutStatus.PRESENT),
+        num_in_flight=statuses.count(PutStatus.IN_FLIGHT),
+    )
+
+
+def _check_blocks(keys: Sequence[bytes], blocks: Sequence[Buffer]) -> None:
+    if len(keys) != len(blocks):
+        raise errors.InvalidArgumentError(f"{len(blocks)} blocks for {len(keys)} keys")
+
+
+class _GetAssembler:
+    """Rebuilds blocks from a Get stream: a header, then chunks in any block order."""
+
+    def __init__(self) -> None:
+        self.blocks: list[bytearray | None] = []
+
+    def feed(self, msg: pb.GetResponse) -> None:
+        if msg.HasField("header"):
+            size = msg.header.block_bytes
+            self.blocks = [bytearray(size) if f else None for f in msg.header.found]
+            return
+        chunk = msg.chunk
+        block = self.blocks[chunk.index]
+        assert block is not None, "chunk for a block the header reported missing"
+        block[chunk.offset : chunk.offset + len(chunk.data)] = chunk.data
+
+    def result(self) -> GetResult:
+        return GetResult(tuple(self.blocks))
+
+
+class Client:
+    """Blocking client. Thread-safe; use one per process and close it (or use `with`).
+
+    Args:
+        address: "host:port" of a store node.
+        timeout_s: deadline of every call.
+        chunk_bytes: size of the byte chunks streamed on the gRPC path.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self.chunk_bytes = chunk_bytes
+        options = [
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ]
+        self._channel = grpc.insecure_channel(address, options=options)
+        self._stub = pb_grpc.KVStoreStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def _call(self, method, request):  # type: ignore[no-untyped-def]
+        try:
+            return method(request, timeout=self.timeout_s)
+        except grpc.RpcError as err:
+            _raise(err)
+
+    def wait_ready(self, timeout_s: float | None = None) -> None:
+        """Blocks until the channel connects; raises UnavailableError after the timeout."""
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=timeout_s or self.timeout_s)
+        except grpc.FutureTimeoutError:
+            raise errors.UnavailableError(f"store at {self.address} is not reachable") from None
+
+    def health(self) -> bool:
+        """Whether the store reports SERVING."""
+        request = health_pb2.HealthCheckRequest(service=wire.SERVICE_NAME)
+        response = self._call(self._health.Check, request)
+        return response.status == health_pb2.HealthCheckResponse.SERVING
+
+    def register_namespace(self, namespace: Namespace) -> NamespaceInfo:
+        request = pb.RegisterNamespaceRequest(namespace=wire.namespace_to_pb(namespace))
+        response = self._call(self._stub.RegisterNamespace, request)
+        return NamespaceInfo(response.namespace_id, response.block_bytes)
+
+    def match(self, namespace_id: bytes, keys: Sequence[bytes]) -> MatchResult:
+        """Longest committed prefix of `keys`."""
+        request = pb.MatchRequest(namespace_id=namespace_id, keys=keys)
+        return wire.match_from_pb(self._call(self._stub.Match, request))
+
+    def reserve(
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        parents: Sequence[bytes | None] | None = None,
+    ) -> ReserveResult:
+        request = pb.ReserveRequest(
+            namespace_id=namespace_id, keys=keys, parent_keys=wire.parents_to_pb(parents)
+        )
+        return wire.reserve_from_pb(self._call(self._stub.Reserve, request))
+
+    def write(self, reservation_id: int, blocks: Sequence[tuple[int, Buffer]]) -> int:
+        """Streams `(index, payload)` pairs into a reservation; returns bytes sent."""
+        views = [(i, _as_bytes_view(b)) for i, b in blocks]
+        chunks = wire.write_chunks(reservation_id, views, self.chunk_bytes)
+        return self._call(self._stub.Write, chunks).bytes_written
+
+    def commit(self, reservation_id: int) -> int:
+        request = pb.CommitRequest(reservation_id=reservation_id)
+        return self._call(self._stub.Commit, request).num_committed
+
+    def abort(self, reservation_id: int) -> None:
+        self._call(self._stub.Abort, pb.AbortRequest(reservation_id=reservation_id))
+
+    def put(
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        blocks: Sequence[Buffer],
+        parents: Sequence[bytes | None] | None = None,
+    ) -> PutResult:
+        """Stores `blocks` under `keys` (reserve, write, commit); keys already present
+        are skipped. On failure the reservation is aborted and nothing becomes visible."""
+        _check_blocks(keys, blocks)
+        reserved = self.reserve(namespace_id, keys, parents)
+        if reserved.num_reserved:
+            try:
+                self.write(reserved.reservation_id, _blocks_to_write(reserved, blocks))
+                self.commit(reserved.reservation_id)
+            except BaseException:
+                self._abort_quietly(reserved.reservation_id)
+                raise
+        return _put_result(reserved)
+
+    def put_chain(
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        blocks: Sequence[Buffer],
+        parent: bytes | None = None,
+    ) -> PutResult:
+        """`put` of consecutive blocks of one chain that continues after `parent`."""
+        return self.put(namespace_id, keys, blocks, [parent, *keys[:-1]])
+
+    def get(self, namespace_id: bytes, keys: Sequence[bytes]) -> GetResult:
+        """Committed blocks among `keys`; misses are None."""
+        assembler = _GetAssembler()
+        request = pb.GetRequest(namespace_id=namespace_id, keys=keys)
+        try:
+            for msg in self._stub.Get(request, timeout=self.timeout_s):
+                assembler.feed(msg)
+        except grpc.RpcError as err:
+            _raise(err)
+        return assembler.result()
+
+    def remove(self, namespace_id: bytes, keys: Sequence[bytes]) -> int:
+        request = pb.RemoveRequest(namespace_id=namespace_id, keys=keys)
+        return self._call(self._stub.Remove, request).num_removed
+
+    def stats(self) -> StoreStats:
+        return wire.stats_from_pb(self._call(self._stub.Stats, pb.StatsRequest()))
+
+    def _abort_quietly(self, reservation_id: int) -> None:
+        # Expired or unreachable: the server frees it at the deadline anyway.
+        with contextlib.suppress(errors.KVStoreError):
+            self.abort(reservation_id)
+
+
+class AsyncClient:
+    """asyncio client with the same methods as `Client`, as coroutines."""
+
+    def __init__(
+        self,
+        address: str,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self.chunk_bytes = chunk_bytes
+        options = [
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ]
+        self._channel = grpc.aio.insecure_channel(address, options=options)
+        self._stub = pb_grpc.KVStoreStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def _call(self, method, request):  # type: ignore[no-untyped-def]
+        try:
+            return await method(request, timeout=self.timeout_s)
+        except grpc.RpcError as err:
+            _raise(err)
+
+    async def health(self) -> bool:
+        request = health_pb2.HealthCheckRequest(service=wire.SERVICE_NAME)
+        response = await self._call(self._health.Check, request)
+        return response.status == health_pb2.HealthCheckResponse.SERVING
+
+    async def register_namespace(self, namespace: Namespace) -> NamespaceInfo:
+        request = pb.RegisterNamespaceRequest(namespace=wire.namespace_to_pb(namespace))
+        response = await self._call(self._stub.RegisterNamespace, request)
+        return NamespaceInfo(response.namespace_id, response.block_bytes)
+
+    async def match(self, namespace_id: bytes, keys: Sequence[bytes]) -> MatchResult:
+        request = pb.MatchRequest(namespace_id=namespace_id, keys=keys)
+        return wire.match_from_pb(await self._call(self._stub.Match, request))
+
+    async def reserve(
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        parents: Sequence[bytes | None] | None = None,
+    ) -> ReserveResult:
+        request = pb.ReserveRequest(
+            namespace_id=namespace_id, keys=keys, parent_keys=wire.parents_to_pb(parents)
+        )
+        return wire.reserve_from_pb(await self._call(self._stub.Reserve, request))
+
+    async def write(self, reservation_id: int, blocks: Sequence[tuple[int, Buffer]]) -> int:
+        views = [(i, _as_bytes_view(b)) for i, b in blocks]
+        chunks = wire.write_chunks(reservation_id, views, self.chunk_bytes)
+        return (await self._call(self._stub.Write, chunks)).bytes_written
+
+    async def commit(self, reservation_id: int) -> int:
+        request = pb.CommitRequest(reservation_id=reservation_id)
+        return (await self._call(self._stub.Commit, request)).num_committed
+
+    async def abort(self, reservation_id: int) -> None:
+        await self._call(self._stub.Abort, pb.AbortRequest(reservation_id=reservation_id))
+
+    async def put(
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        blocks: Sequence[Buffer],
+        parents: Sequence[bytes | None] | None = None,
+    ) -> PutResult:
+        _check_blocks(keys, blocks)
+        reserved = await self.reserve(namespace_id, keys, parents)
+        if reserved.num_reserved:
+            try:
+                await self.write(reserved.reservation_id, _blocks_to_write(reserved, blocks))
+                await self.commit(reserved.reservation_id)
+            except BaseException:
+                await self._abort_quietly(reserved.reservation_id)
+                raise
+        return _put_result(reserved)
+
+    async def put_chain(
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        blocks: Sequence[Buffer],
+        parent: bytes | None = None,
+    ) -> PutResult:
+        return await self.put(namespace_id, keys, blocks, [parent, *keys[:-1]])
+
+    async def get(self, namespace_id: bytes, keys: Sequence[bytes]) -> GetResult:
+        assembler = _GetAssembler()
+        request = pb.GetRequest(namespace_id=namespace_id, keys=keys)
+        try:
+            async for msg in self._stub.Get(request, timeout=self.timeout_s):
+                assembler.feed(msg)
+        except grpc.RpcError as err:
+            _raise(err)
+        return assembler.result()
+
+    async def remove(self, namespace_id: bytes, keys: Sequence[bytes]) -> int:
+        request = pb.RemoveRequest(namespace_id=namespace_id, keys=keys)
+        return (await self._call(self._stub.Remove, request)).num_removed
+
+    async def stats(self) -> StoreStats:
+        return wire.stats_from_pb(await self._call(self._stub.Stats, pb.StatsRequest()))
+
+    async def _abort_quietly(self, reservation_id: int) -> None:
+        with contextlib.suppress(errors.KVStoreError):
+            await self.abort(reservation_id)

@@ -1,0 +1,117 @@
+"""Eviction policies: which committed block to give up first. One registry, `POLICIES`.
+
+A policy sees keys and chain links only, never bytes, tiers or leases. The store offers it
+every committed block, reports accesses, and asks for candidates in eviction order; the
+store itself skips candidates it may not evict (leased, reserved, in another tier).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from types import MappingProxyType
+
+
+class EvictionPolicy(ABC):
+    """Orders blocks for eviction.
+
+    Contract: `insert` is called once per committed key, `remove` once when it leaves the
+    store (evicted or removed), `touch` on every hit. `candidates` must not be advanced after
+    the policy is mutated; the store takes one victim, evicts it, then asks again.
+    """
+
+    @abstractmethod
+    def insert(self, key: bytes, parent: bytes | None) -> None:
+        """Starts tracking `key`, whose chain predecessor is `parent` (None for a root)."""
+
+    @abstractmethod
+    def touch(self, keys: Sequence[bytes]) -> None:
+        """Records a hit on `keys`, given in chain order (root first)."""
+
+    @abstractmethod
+    def remove(self, key: bytes) -> None:
+        """Stops tracking `key`; a no-op for unknown keys."""
+
+    @abstractmethod
+    def candidates(self) -> Iterator[bytes]:
+        """Tracked keys, best victim first."""
+
+    @abstractmethod
+    def __len__(self) -> int: ...
+
+
+class LRUPolicy(EvictionPolicy):
+    """Least recently used first. Blind to chains: it may evict a root before its tail."""
+
+    def __init__(self) -> None:
+        self._order: OrderedDict[bytes, None] = OrderedDict()  # oldest first
+
+    def insert(self, key: bytes, parent: bytes | None) -> None:
+        self._order[key] = None
+        self._order.move_to_end(key)
+
+    def touch(self, keys: Sequence[bytes]) -> None:
+        for key in keys:
+            if key in self._order:
+                self._order.move_to_end(key)
+
+    def remove(self, key: bytes) -> None:
+        self._order.pop(key, None)
+
+    def candidates(self) -> Iterator[bytes]:
+        return iter(self._order)
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+
+class PrefixLRUPolicy(LRUPolicy):
+    """LRU over chain tails only: a block is a candidate once none of its children is stored.
+
+    Evicting a parent makes every descendant unreachable by prefix match, so tails go
+    first. A hit touches the chain tail-first, leaving the root the most recent, so the
+    LRU order itself already favours tails and the leaf filter rarely skips anything.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._parent: dict[bytes, bytes] = {}
+        self._children: dict[bytes, set[bytes]] = {}
+
+    def insert(self, key: bytes, parent: bytes | None) -> None:
+        super().insert(key, parent)
+        self._children.setdefault(key, set())
+        if parent is not None and parent in self._order:
+            self._parent[key] = parent
+            self._children[parent].add(key)
+            self.touch([parent])
+
+    def touch(self, keys: Sequence[bytes]) -> None:
+        super().touch(list(reversed(keys)))
+
+    def remove(self, key: bytes) -> None:
+        if key not in self._order:
+            return
+        super().remove(key)
+        # Children of a removed key are unreachable by prefix; they become roots here.
+        for child in self._children.pop(key):
+            del self._parent[child]
+        parent = self._parent.pop(key, None)
+        if parent is not None:
+            self._children[parent].discard(key)
+
+    def candidates(self) -> Iterator[bytes]:
+        return (key for key in self._order if not self._children[key])
+
+
+POLICIES: MappingProxyType[str, type[EvictionPolicy]] = MappingProxyType(
+    {"lru": LRUPolicy, "prefix-lru": PrefixLRUPolicy}
+)
+
+
+def make_policy(name: str) -> EvictionPolicy:
+    """A new policy by registry name; raises KeyError listing the known names."""
+    if name not in POLICIES:
+        raise KeyError(f"unknown policy {name!r}; known: {sorted(POLICIES)}")
+    return POLICIES[name]()

@@ -1,0 +1,73 @@
+"""Result types the store hands across its boundary (to the server, the client, the engine)."""
+
+from __future__ import annotations
+
+import enum
+from typing import NamedTuple
+
+
+class MatchResult(NamedTuple):
+    """Longest present prefix: `num_matched` keys from the first, and the tier of each."""
+
+    num_matched: int
+    tiers: tuple[str, ...]
+
+
+class PutStatus(enum.Enum):
+    RESERVED = "reserved"  # a slot is yours to write, then commit
+    PRESENT = "present"  # already committed: nothing to write
+    IN_FLIGHT = "in_flight"  # another writer holds a reservation for it
+
+
+class ReserveResult(NamedTuple):
+    reservation_id: int
+    statuses: tuple[PutStatus, ...]
+
+    @property
+    def num_reserved(self) -> int:
+        return sum(s is PutStatus.RESERVED for s in self.statuses)
+
+
+class NamespaceInfo(NamedTuple):
+    namespace_id: bytes
+    block_bytes: int
+
+
+class PutResult(NamedTuple):
+    """Outcome of a whole put: how many blocks were stored now and how many were there."""
+
+    num_stored: int
+    num_present: int
+    num_in_flight: int
+
+
+class TierUsage(NamedTuple):
+    name: str
+    capacity_bytes: int
+    used_bytes: int
+    num_blocks: int
+
+
+class StoreStats(NamedTuple):
+    num_blocks: int
+    num_namespaces: int
+    num_reservations: int
+    num_leases: int
+    hits: int
+    misses: int
+    evictions: int
+    blocks_committed: int
+    bytes_written: int
+    bytes_read: int
+    checksum_failures: int
+    expired_reservations: int
+    expired_leases: int
+    tiers: tuple[TierUsage, ...]
+
+    @property
+    def capacity_bytes(self) -> int:
+        return sum(t.capacity_bytes for t in self.tiers)
+
+    @property
+    def used_bytes(self) -> int:
+        return sum(t.used_bytes for t in self.tiers)

@@ -1,0 +1,237 @@
+"""The store's gRPC service (grpc.aio): a thin layer that turns messages into store calls.
+
+All store calls run on the event loop thread; each is short and bounded by the batch
+limit. A typed store error becomes its status code, with the class name in trailing
+metadata so the client can raise the same class.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import signal
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from kvstore import wire
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.config import option, parse_bytes
+from kvstore.errors import ERROR_METADATA_KEY, InvalidArgumentError, KVStoreError
+from kvstore.store import Store, StoreConfig
+
+log = logging.getLogger("kvstore.server")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Where and how the gRPC service listens."""
+
+    host: str = option("127.0.0.1", "address to listen on")
+    port: int = option(50051, "gRPC port (0 picks a free one)")
+    max_message_bytes: int = option(8 << 20, "largest gRPC message accepted or sent", parse_bytes)
+    chunk_bytes: int = option(1 << 20, "size of the byte chunks streamed by Get", parse_bytes)
+    grace_s: float = option(5.0, "on SIGTERM, how long in-flight calls may finish")
+    expire_interval_s: float = option(1.0, "how often expired leases and reservations are swept")
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port < 65536:
+            raise InvalidArgumentError(f"port out of range: {self.port}")
+        if not 0 < self.chunk_bytes < self.max_message_bytes:
+            raise InvalidArgumentError("chunk_bytes must be positive and below max_message_bytes")
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def grpc_options(self) -> list[tuple[str, int]]:
+        return [
+            ("grpc.max_receive_message_length", self.max_message_bytes),
+            ("grpc.max_send_message_length", self.max_message_bytes),
+        ]
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: KVStoreError) -> None:
+    context.set_trailing_metadata(((ERROR_METADATA_KEY, type(exc).__name__),))
+    await context.abort(grpc.StatusCode[exc.code], str(exc))
+
+
+def _unary(
+    fn: Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[T]],
+) -> Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[T]]:
+    """Maps typed store errors raised by a unary handler to their status."""
+
+    @functools.wraps(fn)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> T:
+        try:
+            return await fn(self, request, context)
+        except KVStoreError as exc:
+            await _abort(context, exc)
+            raise AssertionError("unreachable: abort raises") from exc
+
+    return wrapper
+
+
+class KVStoreServicer(pb_grpc.KVStoreServicer):
+    def __init__(self, store: Store, chunk_bytes: int) -> None:
+        self.store = store
+        self.chunk_bytes = chunk_bytes
+
+    @_unary
+    async def RegisterNamespace(self, request, context):
+        info = self.store.register_namespace(wire.namespace_from_pb(request.namespace))
+        return pb.RegisterNamespaceResponse(
+            namespace_id=info.namespace_id, block_bytes=info.block_bytes
+        )
+
+    @_unary
+    async def Match(self, request, context):
+        return wire.match_to_pb(self.store.match(request.namespace_id, list(request.keys)))
+
+    @_unary
+    async def Reserve(self, request, context):
+        parents = wire.parents_from_pb(request.parent_keys)
+        result = self.store.reserve(request.namespace_id, list(request.keys), parents)
+        return wire.reserve_to_pb(result)
+
+    @_unary
+    async def Write(self, request_iterator, context):
+        total = 0
+        async for chunk in request_iterator:
+            self.store.write(chunk.reservation_id, chunk.index, chunk.offset, chunk.data)
+            total += len(chunk.data)
+        return pb.WriteResponse(bytes_written=total)
+
+    @_unary
+    async def Commit(self, request, context):
+        return pb.CommitResponse(num_committed=self.store.commit(request.reservation_id))
+
+    @_unary
+    async def Abort(self, request, context):
+        self.store.abort(request.reservation_id)
+        return pb.AbortResponse()
+
+    async def Get(self, request, context) -> AsyncIterator[pb.GetResponse]:
+        try:
+            lease = self.store.acquire(request.namespace_id, list(request.keys))
+        except KVStoreError as exc:
+            await _abort(context, exc)
+            return
+        try:
+            block_bytes = self.store.namespace(request.namespace_id).block_bytes
+            header = pb.GetHeader(found=lease.found, block_bytes=block_bytes)
+            yield pb.GetResponse(header=header)
+            for index, view in enumerate(lease.views):
+                for offset in range(0, len(view) if view is not None else 0, self.chunk_bytes):
+                    data = bytes(view[offset : offset + self.chunk_bytes])  # type: ignore[index]
+                    yield pb.GetResponse(chunk=pb.GetChunk(index=index, offset=offset, data=data))
+        finally:
+            self.store.release(lease.lease_id)
+
+    @_unary
+    async def Remove(self, request, context):
+        num = self.store.remove(request.namespace_id, list(request.keys))
+        return pb.RemoveResponse(num_removed=num)
+
+    @_unary
+    async def Stats(self, request, context):
+        return wire.stats_to_pb(self.store.stats())
+
+
+async def _expire_forever(store: Store, interval_s: float) -> None:
+    while True:
+        await asyncio.sleep(interval_s)
+        store.expire()
+
+
+async def start_server(
+    store: Store, config: ServerConfig
+) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
+    """Starts the service for `store`; returns the server, its health servicer and port."""
+    server = grpc.aio.server(options=config.grpc_options)
+    pb_grpc.add_KVStoreServicer_to_server(KVStoreServicer(store, config.chunk_bytes), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    port = server.add_insecure_port(config.address)
+    await server.start()
+    for service in ("", wire.SERVICE_NAME):
+        await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+    return server, health_servicer, port
+
+
+async def serve(store_config: StoreConfig, config: ServerConfig) -> None:
+    """Runs a store node until SIGTERM or SIGINT, then drains in-flight calls and exits."""
+    store = Store(store_config)
+    server, health_servicer, port = await start_server(store, config)
+    log.info(
+        "event=serving address=%s:%d dram_bytes=%d policy=%s",
+        config.host,
+        port,
+        store_config.dram_bytes,
+        store_config.policy,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    expirer = asyncio.create_task(_expire_forever(store, config.expire_interval_s))
+    await stop.wait()
+    log.info("event=draining grace_s=%s", config.grace_s)
+    await health_servicer.enter_graceful_shutdown()
+    await server.stop(config.grace_s)
+    expirer.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await expirer
+    log.info("event=stopped blocks=%d", store.stats().num_blocks)
+
+
+class EmbeddedServer:
+    """A store node served from a background thread of this process, for demos and tests.
+
+    Example:
+        >>> with EmbeddedServer(StoreConfig(dram_bytes=256 << 20)) as server:
+        ...     client = Client(server.address)
+    """
+
+    def __init__(self, store_config: StoreConfig, config: ServerConfig | None = None) -> None:
+        self.store = Store(store_config)
+        self.config = config or ServerConfig(port=0)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._server: grpc.aio.Server | None = None
+        self.port = 0
+
+    @property
+    def address(self) -> str:
+        return f"{self.config.host}:{self.port}"
+
+    def start(self) -> EmbeddedServer:
+        self._thread.start()
+        started = asyncio.run_coroutine_threadsafe(
+            start_server(self.store, self.config), self._loop
+        )
+        self._server, _, self.port = started.result()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            asyncio.run_coroutine_threadsafe(self._server.stop(None), self._loop).result()
+            self._server = None
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def __enter__(self) -> EmbeddedServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

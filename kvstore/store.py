@@ -1,0 +1,438 @@
+"""Single-node store: two-phase put, get under leases, eviction, expiry.
+
+Every public method takes the store lock, validates its input completely before it
+changes anything, and leaves the index, tiers and policy consistent (`check_integrity`).
+Time comes from the injected `clock`, so tests move it instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from kvstore import errors
+from kvstore.config import option, parse_bytes
+from kvstore.index import BlockIndex, BlockState, Entry
+from kvstore.keys import KEY_BYTES, Namespace
+from kvstore.policy import POLICIES, make_policy
+from kvstore.results import (
+    MatchResult,
+    NamespaceInfo,
+    PutStatus,
+    ReserveResult,
+    StoreStats,
+    TierUsage,
+)
+from tiers.dram import DEFAULT_SLAB_BYTES, DramTier
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Capacity and limits of one store node."""
+
+    dram_bytes: int = option(
+        1 << 30, "DRAM tier capacity (bytes, or with a unit: 256MiB)", parse_bytes
+    )
+    slab_bytes: int = option(
+        DEFAULT_SLAB_BYTES, "DRAM slab size; the largest block it holds", parse_bytes
+    )
+    policy: str = option("prefix-lru", f"eviction policy, one of {sorted(POLICIES)}")
+    max_batch_keys: int = option(4096, "most keys one call may carry")
+    reservation_timeout_s: float = option(30.0, "an uncommitted reservation is freed after this")
+    lease_timeout_s: float = option(30.0, "a read lease a client did not release ends after this")
+    verify_reads: bool = option(True, "check each block's checksum before it is read")
+
+    def __post_init__(self) -> None:
+        if self.dram_bytes < 64:
+            raise errors.InvalidArgumentError(f"dram_bytes too small: {self.dram_bytes}")
+        if self.slab_bytes < 64:
+            raise errors.InvalidArgumentError(f"slab_bytes too small: {self.slab_bytes}")
+        if self.policy not in POLICIES:
+            raise errors.InvalidArgumentError(
+                f"unknown policy {self.policy!r}; known: {sorted(POLICIES)}"
+            )
+        if self.max_batch_keys < 1:
+            raise errors.InvalidArgumentError("max_batch_keys must be >= 1")
+        if self.reservation_timeout_s <= 0 or self.lease_timeout_s <= 0:
+            raise errors.InvalidArgumentError("timeouts must be positive")
+
+
+@dataclass
+class _Reservation:
+    namespace_id: bytes
+    entries: dict[int, Entry]  # index in the reserve call -> reserved entry
+    written: dict[int, int]  # index -> bytes written so far, in order
+    expires_at: float
+
+
+@dataclass
+class _Lease:
+    entries: list[Entry]
+    expires_at: float
+
+
+@dataclass
+class _Counters:
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+    blocks_committed: int = 0
+    bytes_written: int = 0
+    bytes_read: int = 0
+    checksum_failures: int = 0
+    expired_reservations: int = 0
+    expired_leases: int = 0
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Read access to committed blocks, valid until `Store.release` or expiry.
+
+    `views[i]` is None where `keys[i]` missed. A view must not be used after release.
+    """
+
+    lease_id: int
+    views: tuple[memoryview | None, ...]
+    expires_at: float
+
+    @property
+    def found(self) -> tuple[bool, ...]:
+        return tuple(v is not None for v in self.views)
+
+
+@dataclass
+class Store:
+    """One node's blocks in its DRAM tier, indexed by key."""
+
+    config: StoreConfig = field(default_factory=StoreConfig)
+    clock: Clock = time.monotonic
+
+    def __post_init__(self) -> None:
+        self._lock = threading.RLock()
+        self._dram = DramTier(self.config.dram_bytes, self.config.slab_bytes)
+        self._index = BlockIndex()
+        self._policy = make_policy(self.config.policy)
+        self._namespaces: dict[bytes, Namespace] = {}
+        self._reservations: dict[int, _Reservation] = {}
+        self._leases: dict[int, _Lease] = {}
+        self._ids = itertools.count(1)
+        self._counters = _Counters()
+
+    # -- namespaces ----------------------------------------------------------------------
+
+    def register_namespace(self, namespace: Namespace) -> NamespaceInfo:
+        """Makes `namespace` known; idempotent. Raises if its blocks cannot fit a tier."""
+        if not self._dram.can_fit(namespace.block_bytes):
+            raise errors.InvalidArgumentError(
+                f"block of {namespace.block_bytes} bytes exceeds the slab size "
+                f"({self._dram.slab_bytes} bytes)"
+            )
+        with self._lock:
+            self._namespaces[namespace.id] = namespace
+        return NamespaceInfo(namespace.id, namespace.block_bytes)
+
+    def namespace(self, namespace_id: bytes) -> Namespace:
+        try:
+            return self._namespaces[namespace_id]
+        except KeyError:
+            raise errors.UnknownNamespaceError(
+                f"unknown namespace {namespace_id.hex()[:16]}...; register it first"
+            ) from None
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def match(self, namespace_id: bytes, keys: Sequence[bytes]) -> MatchResult:
+        """Longest committed prefix of `keys`, with the tier of each hit. Changes nothing."""
+        with self._lock:
+            self._check_keys(namespace_id, keys)
+            hits = self._index.match(namespace_id, keys)
+            return MatchResult(len(hits), tuple(e.tier for e in hits))
+
+    def acquire(self, namespace_id: bytes, keys: Sequence[bytes]) -> Lease:
+        """Leases the committed blocks among `keys` for reading; misses get no view.
+
+        A block whose checksum fails is removed and reported as a miss.
+        """
+        with self._lock:
+            self.expire()
+            self._check_keys(namespace_id, keys)
+            entries = [self._index.readable(namespace_id, k) for k in keys]
+            entries = [e if e is None or self._verify(e) else None for e in entries]
+            hits = [e for e in entries if e is not None]
+            for entry in hits:
+                entry.num_leases += 1
+            self._policy.touch([e.key for e in hits])
+            self._counters.hits += len(hits)
+            self._counters.misses += len(keys) - len(hits)
+            self._counters.bytes_read += sum(e.nbytes for e in hits)
+            lease_id = next(self._ids)
+            expires_at = self.clock() + self.config.lease_timeout_s
+            self._leases[lease_id] = _Lease(hits, expires_at)
+            views = tuple(None if e is None else self._dram.view(e.slot) for e in entries)
+            return Lease(lease_id, views, expires_at)
+
+    def release(self, lease_id: int) -> None:
+        """Ends a lease; a no-op if it already expired."""
+        with self._lock:
+            lease = self._leases.pop(lease_id, None)
+            if lease is not None:
+                self._end_lease(lease)
+
+    def read(self, namespace_id: bytes, keys: Sequence[bytes]) -> list[bytes | None]:
+        """Copies of the committed blocks among `keys` (None for a miss)."""
+        lease = self.acquire(namespace_id, keys)
+        try:
+            return [None if v is None else bytes(v) for v in lease.views]
+        finally:
+            self.release(lease.lease_id)
+
+    # -- writes --------------------------------------------------------------------------
+
+    def reserve(
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        parents: Sequence[bytes | None] | None = None,
+    ) -> ReserveResult:
+        """Allocates a slot for each key not yet present, evicting as needed.
+
+        `parents[i]` is the chain predecessor of `keys[i]` (None for a root). All or
+        nothing: raises `StoreFullError` and reserves nothing if any slot cannot be had.
+        """
+        with self._lock:
+            self.expire()
+            self._check_keys(namespace_id, keys)
+            parents = self._check_parents(keys, parents)
+            statuses = [self._put_status(k) for k in keys]
+            todo = [i for i, s in enumerate(statuses) if s is PutStatus.RESERVED]
+            block_bytes = self._namespaces[namespace_id].block_bytes
+            self._policy.touch([p for p in parents if p is not None])
+            slots = self._allocate(block_bytes, len(todo))
+            entries = {
+                i: Entry(keys[i], namespace_id, parents[i], self._dram.name, slot)
+                for i, slot in zip(todo, slots, strict=True)
+            }
+            for entry in entries.values():
+                self._index.add(entry)
+            rid = next(self._ids)
+            expires_at = self.clock() + self.config.reservation_timeout_s
+            self._reservations[rid] = _Reservation(
+                namespace_id, entries, dict.fromkeys(entries, 0), expires_at
+            )
+            return ReserveResult(rid, tuple(statuses))
+
+    def write(self, reservation_id: int, index: int, offset: int, data: memoryview | bytes) -> None:
+        """Writes `data` at `offset` of reserved block `index`; chunks arrive in order."""
+        with self._lock:
+            res = self._reservation(reservation_id)
+            entry = res.entries.get(index)
+            if entry is None:
+                raise errors.InvalidArgumentError(
+                    f"block {index} is not reserved by {reservation_id}"
+                )
+            if offset != res.written[index]:
+                raise errors.InvalidArgumentError(
+                    f"block {index}: chunk at offset {offset}, expected {res.written[index]}"
+                )
+            end = offset + len(data)
+            if end > entry.nbytes:
+                raise errors.PayloadSizeError(
+                    f"block {index}: {end} bytes written, block size is {entry.nbytes}"
+                )
+            self._dram.view(entry.slot)[offset:end] = data
+            res.written[index] = end
+
+    def commit(self, reservation_id: int) -> int:
+        """Makes every block of the reservation readable; returns how many it committed."""
+        with self._lock:
+            res = self._reservation(reservation_id)
+            short = [i for i, e in res.entries.items() if res.written[i] != e.nbytes]
+            if short:
+                raise errors.IncompleteWriteError(
+                    f"blocks {short[:8]} are not fully written; "
+                    f"each needs {next(iter(res.entries.values())).nbytes} bytes"
+                )
+            del self._reservations[reservation_id]
+            for entry in res.entries.values():
+                entry.checksum = zlib.crc32(self._dram.view(entry.slot))
+                entry.state = BlockState.COMMITTED
+                self._policy.insert(entry.key, entry.parent)
+                self._counters.bytes_written += entry.nbytes
+            self._counters.blocks_committed += len(res.entries)
+            return len(res.entries)
+
+    def abort(self, reservation_id: int) -> None:
+        """Drops a reservation and frees its slots."""
+        with self._lock:
+            self._drop_reservation(self._reservation(reservation_id))
+            del self._reservations[reservation_id]
+
+    def remove(self, namespace_id: bytes, keys: Sequence[bytes]) -> int:
+        """Removes the committed blocks among `keys`; returns how many were present."""
+        with self._lock:
+            self._check_keys(namespace_id, keys)
+            entries = [self._index.readable(namespace_id, k) for k in keys]
+            for entry in entries:
+                if entry is not None:
+                    self._drop(entry)
+            return sum(e is not None for e in entries)
+
+    # -- housekeeping --------------------------------------------------------------------
+
+    def expire(self) -> None:
+        """Ends leases and reservations whose deadline has passed."""
+        with self._lock:
+            now = self.clock()
+            for rid in [r for r, res in self._reservations.items() if res.expires_at <= now]:
+                self._drop_reservation(self._reservations.pop(rid))
+                self._counters.expired_reservations += 1
+            for lid in [i for i, lease in self._leases.items() if lease.expires_at <= now]:
+                self._end_lease(self._leases.pop(lid))
+                self._counters.expired_leases += 1
+
+    def stats(self) -> StoreStats:
+        with self._lock:
+            dram = self._dram.stats()
+            c = self._counters
+            return StoreStats(
+                num_blocks=len(self._policy),
+                num_namespaces=len(self._namespaces),
+                num_reservations=len(self._reservations),
+                num_leases=len(self._leases),
+                hits=c.hits,
+                misses=c.misses,
+                evictions=c.evictions,
+                blocks_committed=c.blocks_committed,
+                bytes_written=c.bytes_written,
+                bytes_read=c.bytes_read,
+                checksum_failures=c.checksum_failures,
+                expired_reservations=c.expired_reservations,
+                expired_leases=c.expired_leases,
+                tiers=(TierUsage("dram", dram.capacity_bytes, dram.used_bytes, dram.num_slots),),
+            )
+
+    def check_integrity(self) -> None:
+        """Asserts that index, policy, tier, leases and reservations agree."""
+        with self._lock:
+            committed = [e for e in self._index if e.state is BlockState.COMMITTED]
+            reserved = [e for e in self._index if e.state is BlockState.RESERVED]
+            assert len(committed) == len(self._policy), "policy and index disagree"
+            in_reservations = sum(len(r.entries) for r in self._reservations.values())
+            assert len(reserved) == in_reservations, "reserved entries without a reservation"
+            doomed = {id(e) for lease in self._leases.values() for e in lease.entries}
+            doomed -= {id(e) for e in self._index}
+            slots = len(self._index) + len(doomed)
+            assert self._dram.stats().num_slots == slots, "tier slots and entries disagree"
+            for entry in self._index:
+                live = sum(e is entry for lease in self._leases.values() for e in lease.entries)
+                assert entry.num_leases == live, f"lease count of {entry.key.hex()[:8]} is off"
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _check_keys(self, namespace_id: bytes, keys: Sequence[bytes]) -> None:
+        self.namespace(namespace_id)
+        if not keys:
+            raise errors.EmptyRequestError("no keys given")
+        if len(keys) > self.config.max_batch_keys:
+            raise errors.BatchTooLargeError(
+                f"{len(keys)} keys in one call; the limit is {self.config.max_batch_keys}"
+            )
+        for i, key in enumerate(keys):
+            if len(key) != KEY_BYTES:
+                raise errors.BadKeyError(f"key {i} has {len(key)} bytes, keys have {KEY_BYTES}")
+        if len(set(keys)) != len(keys):
+            raise errors.DuplicateKeyError("the same key appears more than once in one call")
+
+    def _check_parents(
+        self, keys: Sequence[bytes], parents: Sequence[bytes | None] | None
+    ) -> list[bytes | None]:
+        if parents is None:
+            return [None] * len(keys)
+        if len(parents) != len(keys):
+            raise errors.InvalidArgumentError(f"{len(parents)} parents for {len(keys)} keys")
+        if any(p is not None and len(p) != KEY_BYTES for p in parents):
+            raise errors.BadKeyError(f"parent keys must be {KEY_BYTES} bytes")
+        return list(parents)
+
+    def _put_status(self, key: bytes) -> PutStatus:
+        entry = self._index.get(key)
+        if entry is None:
+            return PutStatus.RESERVED
+        return PutStatus.PRESENT if entry.is_readable else PutStatus.IN_FLIGHT
+
+    def _allocate(self, nbytes: int, count: int) -> list:
+        slots = []
+        try:
+            for _ in range(count):
+                slot = self._dram.allocate(nbytes)
+                while slot is None:
+                    self._evict_one(nbytes)
+                    slot = self._dram.allocate(nbytes)
+                slots.append(slot)
+        except errors.StoreFullError:
+            for slot in slots:
+                self._dram.free(slot)
+            raise
+        return slots
+
+    def _evict_one(self, nbytes: int) -> None:
+        """Evicts the policy's best evictable victim, preferring one of the same slot size."""
+        size_class = self._dram.size_class(nbytes)
+        fallback = None
+        for key in self._policy.candidates():
+            entry = self._index.get(key)
+            assert entry is not None, "policy tracks a key the index lacks"
+            if not entry.is_evictable:
+                continue
+            if self._dram.size_class(entry.nbytes) == size_class or self._dram.has_free_slab():
+                fallback = entry
+                break
+            fallback = fallback or entry
+        if fallback is None:
+            raise errors.StoreFullError(
+                f"no evictable block for {nbytes} bytes: the tier is leased or reserved"
+            )
+        self._drop(fallback)
+        self._counters.evictions += 1
+
+    def _drop(self, entry: Entry) -> None:
+        """Removes a committed entry; its slot is freed now or when its last lease ends."""
+        self._index.pop(entry.key)
+        self._policy.remove(entry.key)
+        if entry.num_leases == 0:
+            self._dram.free(entry.slot)
+
+    def _drop_reservation(self, res: _Reservation) -> None:
+        for entry in res.entries.values():
+            self._index.pop(entry.key)
+            self._dram.free(entry.slot)
+
+    def _end_lease(self, lease: _Lease) -> None:
+        for entry in lease.entries:
+            entry.num_leases -= 1
+            if entry.num_leases == 0 and self._index.get(entry.key) is not entry:
+                self._dram.free(entry.slot)
+
+    def _reservation(self, reservation_id: int) -> _Reservation:
+        res = self._reservations.get(reservation_id)
+        if res is None:
+            raise errors.UnknownReservationError(
+                f"no open reservation {reservation_id} (committed, aborted or expired)"
+            )
+        return res
+
+    def _verify(self, entry: Entry) -> bool:
+        if (
+            not self.config.verify_reads
+            or zlib.crc32(self._dram.view(entry.slot)) == entry.checksum
+        ):
+            return True
+        self._counters.checksum_failures += 1
+        self._drop(entry)
+        return False

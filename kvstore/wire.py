@@ -1,0 +1,105 @@
+"""Conversions between protobuf messages and the store's own types, for server and client.
+
+Protobuf types go no further than this module, `server.py` and `client.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore.keys import KVLayout, Namespace
+from kvstore.results import MatchResult, PutStatus, ReserveResult, StoreStats, TierUsage
+
+SERVICE_NAME = "kvstore.v1.KVStore"
+TIER_TO_PB = {"hbm": pb.TIER_HBM, "dram": pb.TIER_DRAM, "ssd": pb.TIER_SSD}
+TIER_FROM_PB = {v: k for k, v in TIER_TO_PB.items()}
+STATUS_TO_PB = {
+    PutStatus.RESERVED: pb.PUT_STATUS_RESERVED,
+    PutStatus.PRESENT: pb.PUT_STATUS_PRESENT,
+    PutStatus.IN_FLIGHT: pb.PUT_STATUS_IN_FLIGHT,
+}
+STATUS_FROM_PB = {v: k for k, v in STATUS_TO_PB.items()}
+
+
+def namespace_to_pb(ns: Namespace) -> pb.Namespace:
+    lay = ns.layout
+    return pb.Namespace(
+        model_id=ns.model_id,
+        dtype=lay.dtype,
+        num_layers=lay.num_layers,
+        num_kv_heads=lay.num_kv_heads,
+        head_dim=lay.head_dim,
+        block_tokens=lay.block_tokens,
+        tenant_salt=ns.tenant_salt,
+    )
+
+
+def namespace_from_pb(msg: pb.Namespace) -> Namespace:
+    """Raises InvalidArgumentError for an invalid layout or empty model id."""
+    layout = KVLayout(msg.dtype, msg.num_layers, msg.num_kv_heads, msg.head_dim, msg.block_tokens)
+    return Namespace(msg.model_id, layout, msg.tenant_salt)
+
+
+def match_to_pb(result: MatchResult) -> pb.MatchResponse:
+    return pb.MatchResponse(
+        num_matched=result.num_matched, tiers=[TIER_TO_PB[t] for t in result.tiers]
+    )
+
+
+def match_from_pb(msg: pb.MatchResponse) -> MatchResult:
+    return MatchResult(msg.num_matched, tuple(TIER_FROM_PB[t] for t in msg.tiers))
+
+
+def parents_from_pb(parent_keys: Sequence[bytes]) -> list[bytes | None] | None:
+    return [p or None for p in parent_keys] if parent_keys else None
+
+
+def parents_to_pb(parents: Sequence[bytes | None] | None) -> list[bytes]:
+    return [p or b"" for p in parents] if parents is not None else []
+
+
+def reserve_to_pb(result: ReserveResult) -> pb.ReserveResponse:
+    return pb.ReserveResponse(
+        reservation_id=result.reservation_id,
+        statuses=[STATUS_TO_PB[s] for s in result.statuses],
+    )
+
+
+def reserve_from_pb(msg: pb.ReserveResponse) -> ReserveResult:
+    return ReserveResult(msg.reservation_id, tuple(STATUS_FROM_PB[s] for s in msg.statuses))
+
+
+def write_chunks(
+    reservation_id: int, blocks: Sequence[tuple[int, memoryview]], chunk_bytes: int
+) -> Iterator[pb.WriteChunk]:
+    """The Write stream for `(index, payload)` pairs, each cut into `chunk_bytes` pieces."""
+    for index, payload in blocks:
+        for offset in range(0, max(len(payload), 1), chunk_bytes):
+            data = bytes(payload[offset : offset + chunk_bytes])
+            yield pb.WriteChunk(
+                reservation_id=reservation_id, index=index, offset=offset, data=data
+            )
+
+
+def stats_to_pb(stats: StoreStats) -> pb.StatsResponse:
+    fields = {k: v for k, v in stats._asdict().items() if k != "tiers"}
+    tiers = [
+        pb.TierUsage(
+            tier=TIER_TO_PB[t.name],
+            capacity_bytes=t.capacity_bytes,
+            used_bytes=t.used_bytes,
+            num_blocks=t.num_blocks,
+        )
+        for t in stats.tiers
+    ]
+    return pb.StatsResponse(**fields, tiers=tiers)
+
+
+def stats_from_pb(msg: pb.StatsResponse) -> StoreStats:
+    fields = {name: getattr(msg, name) for name in StoreStats._fields if name != "tiers"}
+    tiers = tuple(
+        TierUsage(TIER_FROM_PB[t.tier], t.capacity_bytes, t.used_bytes, t.num_blocks)
+        for t in msg.tiers
+    )
+    return StoreStats(**fields, tiers=tiers)

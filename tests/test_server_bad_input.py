@@ -1,0 +1,137 @@
+"""Bad input against a real server: a typed error, nothing changed, still serving."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvstore import errors
+from kvstore.client import Client
+from kvstore.keys import KVLayout, Namespace, block_keys
+from kvstore.results import PutStatus
+
+NS = Namespace("llama-test", KVLayout("float16", 4, 2, 64, 16))  # 32 KiB blocks
+UNKNOWN_NS = Namespace("never-registered", KVLayout("float16", 4, 2, 64, 16))
+MAX_BATCH_KEYS = 64  # the `store` fixture's limit
+
+
+def _chain(n: int, seed: int = 0) -> list[bytes]:
+    return block_keys(NS, np.arange(n * NS.block_tokens) + seed * 1_000_000)
+
+
+def _block(fill: int, nbytes: int = NS.block_bytes) -> bytes:
+    return bytes([fill]) * nbytes
+
+
+@pytest.fixture
+def client(store):
+    with Client(store.address, timeout_s=10.0, max_message_bytes=64 << 20) as c:
+        c.register_namespace(NS)
+        keys = _chain(4, seed=99)
+        c.put_chain(NS.id, keys, [_block(i) for i in range(4)])
+        yield c
+
+
+@pytest.fixture
+def unchanged(client):
+    """Asserts after the test that the store's state is as before and it still serves."""
+    before = client.stats()
+    yield
+    after = client.stats()
+    assert after.num_blocks == before.num_blocks
+    assert after.num_reservations == before.num_reservations
+    assert after.tiers == before.tiers
+    assert after.blocks_committed == before.blocks_committed
+    assert client.health()
+    keys = _chain(2, seed=7)
+    assert client.put_chain(NS.id, keys, [_block(7), _block(8)]).num_stored == 2
+    assert [bytes(b) for b in client.get(NS.id, keys).blocks] == [_block(7), _block(8)]
+    client.remove(NS.id, keys)
+
+
+def test_payload_larger_than_block_size(client, unchanged):
+    [key] = _chain(1)
+    with pytest.raises(errors.PayloadSizeError, match="block size"):
+        client.put(NS.id, [key], [_block(1, NS.block_bytes + 1)])
+    assert client.match(NS.id, [key]).num_matched == 0
+
+
+def test_payload_smaller_than_block_size(client, unchanged):
+    [key] = _chain(1)
+    with pytest.raises(errors.IncompleteWriteError, match="not fully written"):
+        client.put(NS.id, [key], [_block(1, NS.block_bytes - 1)])
+    assert client.match(NS.id, [key]).num_matched == 0
+
+
+@pytest.mark.parametrize("length", [0, 16, 31, 33, 64])
+def test_key_of_wrong_length(client, unchanged, length):
+    with pytest.raises(errors.BadKeyError, match="32"):
+        client.put(NS.id, [b"k" * length], [_block(1)])
+    with pytest.raises(errors.BadKeyError):
+        client.match(NS.id, [_chain(1)[0], b"k" * length])
+
+
+@pytest.mark.parametrize("op", ["match", "get", "remove", "reserve"])
+def test_empty_keys(client, unchanged, op):
+    with pytest.raises(errors.EmptyRequestError):
+        getattr(client, op)(NS.id, [])
+
+
+def test_duplicate_keys_in_one_call(client, unchanged):
+    key = _chain(1)[0]
+    with pytest.raises(errors.DuplicateKeyError):
+        client.put(NS.id, [key, key], [_block(1), _block(1)])
+    with pytest.raises(errors.DuplicateKeyError):
+        client.get(NS.id, [key, key])
+
+
+def test_batch_over_configured_maximum(client, unchanged):
+    keys = _chain(MAX_BATCH_KEYS + 1)
+    with pytest.raises(errors.BatchTooLargeError, match=str(MAX_BATCH_KEYS)):
+        client.match(NS.id, keys)
+    with pytest.raises(errors.BatchTooLargeError):
+        client.reserve(NS.id, keys)
+    assert client.match(NS.id, keys[:MAX_BATCH_KEYS]).num_matched == 0
+
+
+def test_commit_of_unknown_reservation(client, unchanged):
+    with pytest.raises(errors.UnknownReservationError):
+        client.commit(123456789)
+    with pytest.raises(errors.UnknownReservationError):
+        client.write(123456789, [(0, _block(1))])
+    with pytest.raises(errors.UnknownReservationError):
+        client.abort(123456789)
+
+
+def test_commit_twice(client):
+    keys = _chain(1, seed=5)
+    res = client.reserve(NS.id, keys)
+    client.write(res.reservation_id, [(0, _block(5))])
+    assert client.commit(res.reservation_id) == 1
+    with pytest.raises(errors.UnknownReservationError):
+        client.commit(res.reservation_id)
+    assert client.stats().blocks_committed == 5
+    assert bytes(client.get(NS.id, keys).blocks[0]) == _block(5)
+
+
+@pytest.mark.parametrize("op", ["match", "get", "remove", "reserve"])
+def test_unknown_namespace(client, unchanged, op):
+    with pytest.raises(errors.UnknownNamespaceError, match="register"):
+        getattr(client, op)(UNKNOWN_NS.id, _chain(1))
+
+
+def test_invalid_namespace_registration(client, unchanged):
+    bad = Namespace("ok", KVLayout("float16", 4, 2, 64, 16))
+    object.__setattr__(bad.layout, "dtype", "float13")  # bypass the client-side check
+    with pytest.raises(errors.InvalidArgumentError, match="dtype"):
+        client.register_namespace(bad)
+
+
+def test_oversize_message(store, client, unchanged):
+    keys = _chain(1, seed=11)
+    res = client.reserve(NS.id, keys)
+    assert res.statuses == (PutStatus.RESERVED,)
+    big = Client(store.address, chunk_bytes=16 << 20, max_message_bytes=64 << 20)
+    with big, pytest.raises(errors.ResourceExhaustedError, match="larger than"):
+        big.write(res.reservation_id, [(0, _block(1, 9 << 20))])
+    client.abort(res.reservation_id)
