@@ -248,6 +248,22 @@ class Store:
             self._dram.view(entry.slot)[offset:end] = data
             res.written[index] = end
 
+    def reservation_view(self, reservation_id: int, index: int) -> memoryview:
+        """Writable view of reserved block `index`, for a transport that receives in place.
+
+        Call `mark_written` once the whole block has arrived; the view is valid until the
+        reservation is committed, aborted or expires.
+        """
+        with self._lock:
+            entry = self._reserved_entry(self._reservation(reservation_id), reservation_id, index)
+            return self._dram.view(entry.slot)
+
+    def mark_written(self, reservation_id: int, index: int) -> None:
+        """Records that reserved block `index` was written whole through its view."""
+        with self._lock:
+            res = self._reservation(reservation_id)
+            res.written[index] = self._reserved_entry(res, reservation_id, index).nbytes
+
     def commit(self, reservation_id: int) -> int:
         """Makes every block of the reservation readable; returns how many it committed."""
         with self._lock:
@@ -426,6 +442,12 @@ class Store:
                 f"no open reservation {reservation_id} (committed, aborted or expired)"
             )
         return res
+
+    def _reserved_entry(self, res: _Reservation, reservation_id: int, index: int) -> Entry:
+        entry = res.entries.get(index)
+        if entry is None:
+            raise errors.InvalidArgumentError(f"block {index} is not reserved by {reservation_id}")
+        return entry
 
     def _verify(self, entry: Entry) -> bool:
         if (

@@ -319,3 +319,19 @@ def test_hits_misses_and_bytes_are_counted():
     stats = store.stats()
     assert (stats.hits, stats.misses, stats.bytes_read) == (2, 1, 2 * BLOCK)
     assert stats.bytes_written == 2 * BLOCK
+
+
+def test_transport_writes_in_place_through_reservation_views():
+    store = _make_store()
+    keys = _chain(2)
+    res = store.reserve(NS.id, keys)
+    for i, key in enumerate(keys):
+        store.reservation_view(res.reservation_id, i)[:] = _payload(key)
+    store.mark_written(res.reservation_id, 0)
+    with pytest.raises(errors.IncompleteWriteError):
+        store.commit(res.reservation_id)
+    store.mark_written(res.reservation_id, 1)
+    assert store.commit(res.reservation_id) == 2
+    assert store.read(NS.id, keys) == [_payload(k) for k in keys]
+    with pytest.raises(errors.UnknownReservationError):
+        store.reservation_view(res.reservation_id, 0)
