@@ -55,6 +55,19 @@ _SPECS = (
         "block_keys over a 128k-token prompt: list vs numpy input, four block sizes",
         can_plot=True,
     ),
+    SuiteSpec(
+        "trace",
+        "bench.trace",
+        "replay a Mooncake-format trace through a real store: hit ratio per policy vs "
+        "LRU and the offline optimum",
+        can_plot=True,
+    ),
+    SuiteSpec(
+        "dataplane",
+        "bench.dataplane",
+        "put/get throughput and latency: kvstore over UCX and gRPC vs memcpy, TCP, raw "
+        "ucxx, Redis and Mooncake Store",
+    ),
 )
 
 SUITES: Mapping[str, SuiteSpec] = MappingProxyType({spec.name: spec for spec in _SPECS})
