@@ -42,10 +42,15 @@ class PutResult(NamedTuple):
 
 
 class TierUsage(NamedTuple):
+    """One tier's space, and the traffic it served since start."""
+
     name: str
     capacity_bytes: int
     used_bytes: int
     num_blocks: int
+    hits: int = 0  # reads served from this tier
+    bytes_read: int = 0  # bytes read out of this tier (hits, promotions)
+    bytes_written: int = 0  # bytes written into this tier (puts, demotions, promotions)
 
 
 class StoreStats(NamedTuple):

@@ -82,24 +82,21 @@ def write_chunks(
             )
 
 
+def _tier_to_pb(usage: TierUsage) -> pb.TierUsage:
+    fields = usage._asdict()
+    return pb.TierUsage(tier=TIER_TO_PB[fields.pop("name")], **fields)
+
+
+def _tier_from_pb(msg: pb.TierUsage) -> TierUsage:
+    fields = {name: getattr(msg, name) for name in TierUsage._fields[1:]}
+    return TierUsage(TIER_FROM_PB[msg.tier], **fields)
+
+
 def stats_to_pb(stats: StoreStats) -> pb.StatsResponse:
     fields = {k: v for k, v in stats._asdict().items() if k != "tiers"}
-    tiers = [
-        pb.TierUsage(
-            tier=TIER_TO_PB[t.name],
-            capacity_bytes=t.capacity_bytes,
-            used_bytes=t.used_bytes,
-            num_blocks=t.num_blocks,
-        )
-        for t in stats.tiers
-    ]
-    return pb.StatsResponse(**fields, tiers=tiers)
+    return pb.StatsResponse(**fields, tiers=[_tier_to_pb(t) for t in stats.tiers])
 
 
 def stats_from_pb(msg: pb.StatsResponse) -> StoreStats:
     fields = {name: getattr(msg, name) for name in StoreStats._fields if name != "tiers"}
-    tiers = tuple(
-        TierUsage(TIER_FROM_PB[t.tier], t.capacity_bytes, t.used_bytes, t.num_blocks)
-        for t in msg.tiers
-    )
-    return StoreStats(**fields, tiers=tiers)
+    return StoreStats(**fields, tiers=tuple(_tier_from_pb(t) for t in msg.tiers))

@@ -188,16 +188,22 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TierUsage(_message.Message):
-    __slots__ = ("tier", "capacity_bytes", "used_bytes", "num_blocks")
+    __slots__ = ("tier", "capacity_bytes", "used_bytes", "num_blocks", "hits", "bytes_read", "bytes_written")
     TIER_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
     USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_READ_FIELD_NUMBER: _ClassVar[int]
+    BYTES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
     tier: Tier
     capacity_bytes: int
     used_bytes: int
     num_blocks: int
-    def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., num_blocks: _Optional[int] = ...) -> None: ...
+    hits: int
+    bytes_read: int
+    bytes_written: int
+    def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., num_blocks: _Optional[int] = ..., hits: _Optional[int] = ..., bytes_read: _Optional[int] = ..., bytes_written: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
     __slots__ = ("num_blocks", "num_namespaces", "num_reservations", "num_leases", "hits", "misses", "evictions", "blocks_committed", "bytes_written", "bytes_read", "checksum_failures", "expired_reservations", "expired_leases", "tiers")
