@@ -40,6 +40,14 @@ class EvictionPolicy(ABC):
     @abstractmethod
     def __len__(self) -> int: ...
 
+    def should_demote(self, key: bytes) -> bool:
+        """Whether a victim of this (upper) tier is worth a write to the tier below.
+
+        The tiered decision: True demotes the block, False drops it. Called with the key
+        still tracked, just before the store evicts it.
+        """
+        return True
+
 
 class LRUPolicy(EvictionPolicy):
     """Least recently used first. Blind to chains: it may evict a root before its tail."""
