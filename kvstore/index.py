@@ -16,20 +16,29 @@ class BlockState(enum.Enum):
 
 @dataclass
 class Entry:
-    """One block. Mutated only by the store, under its lock."""
+    """One block. Mutated only by the store, under its lock.
+
+    A committed block lives in DRAM (`slot`), on SSD (`on_ssd`) or both: SSD keeps its copy
+    when a block is promoted, so evicting a block that is on SSD from DRAM costs no write.
+    """
 
     key: bytes
     namespace_id: bytes
     parent: bytes | None
-    tier: str
-    slot: Slot
+    nbytes: int
+    slot: Slot | None
     state: BlockState = BlockState.RESERVED
     checksum: int = 0
-    num_leases: int = 0
+    num_leases: int = 0  # readers, and the demoter while it writes the block out
+    on_ssd: bool = False
+    seq: int = 0  # commit order
+    stale_slot: Slot | None = None  # left DRAM while leased: freed when the last lease ends
+    is_demoting: bool = False  # being written to SSD outside the lock; out of the DRAM policy
 
     @property
-    def nbytes(self) -> int:
-        return self.slot.nbytes
+    def tier(self) -> str:
+        """The fastest tier holding the block."""
+        return "dram" if self.slot is not None else "ssd"
 
     @property
     def is_readable(self) -> bool:

@@ -72,8 +72,8 @@ class Namespace:
     tenant_salt: bytes = b""
 
     def __post_init__(self) -> None:
-        if not self.model_id:
-            raise InvalidArgumentError("model_id must not be empty")
+        if not self.model_id or "\n" in self.model_id:
+            raise InvalidArgumentError("model_id must be non-empty and on one line")
         if not isinstance(self.tenant_salt, bytes):
             raise InvalidArgumentError("tenant_salt must be bytes")
 
@@ -91,6 +91,25 @@ class Namespace:
             f"tenant_salt={self.tenant_salt.hex()}",
         )
         return "\n".join(fields).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> Namespace:
+        """Inverse of `encode`; raises InvalidArgumentError on anything else."""
+        lines = data.decode(errors="replace").split("\n")
+        if not lines or lines[0] != _NAMESPACE_VERSION:
+            raise InvalidArgumentError("not an encoded namespace")
+        try:
+            f = dict(line.split("=", 1) for line in lines[1:])
+            layout = KVLayout(
+                f["dtype"],
+                int(f["num_layers"]),
+                int(f["num_kv_heads"]),
+                int(f["head_dim"]),
+                int(f["block_tokens"]),
+            )
+            return cls(f["model_id"], layout, bytes.fromhex(f["tenant_salt"]))
+        except (KeyError, ValueError) as exc:
+            raise InvalidArgumentError(f"malformed namespace encoding: {exc}") from exc
 
     @property
     def id(self) -> bytes:

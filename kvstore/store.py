@@ -8,6 +8,7 @@ Time comes from the injected `clock`, so tests move it instead of sleeping.
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 import zlib
@@ -18,17 +19,18 @@ from kvstore import errors
 from kvstore.config import option, parse_bytes
 from kvstore.index import BlockIndex, BlockState, Entry
 from kvstore.keys import KEY_BYTES, Namespace
-from kvstore.policy import POLICIES, make_policy
+from kvstore.policy import POLICIES
 from kvstore.results import (
     MatchResult,
     NamespaceInfo,
     PutStatus,
     ReserveResult,
     StoreStats,
-    TierUsage,
 )
-from tiers.dram import DEFAULT_SLAB_BYTES, DramTier
+from kvstore.tiering import Tiering
+from tiers.dram import DEFAULT_SLAB_BYTES
 
+log = logging.getLogger("kvstore.store")
 Clock = Callable[[], float]
 
 
@@ -46,7 +48,16 @@ class StoreConfig:
     max_batch_keys: int = option(4096, "most keys one call may carry")
     reservation_timeout_s: float = option(30.0, "an uncommitted reservation is freed after this")
     lease_timeout_s: float = option(30.0, "a read lease a client did not release ends after this")
-    verify_reads: bool = option(True, "check each block's checksum before it is read")
+    verify_reads: bool = option(True, "check each DRAM block's checksum before it is read")
+    ssd_path: str = option("", "directory of the SSD tier (LMDB); empty: no SSD tier")
+    ssd_bytes: int = option(0, "SSD tier capacity", parse_bytes)
+    ssd_policy: str = option("prefix-lru", "eviction policy of the SSD tier")
+    ssd_sync: bool = option(False, "fsync each SSD transaction (survives power loss)")
+    dram_high_watermark: float = option(0.95, "DRAM fill that starts demotion to SSD")
+    dram_low_watermark: float = option(0.85, "DRAM fill that demotion stops at")
+    ssd_high_watermark: float = option(1.0, "SSD fill that starts SSD eviction")
+    ssd_low_watermark: float = option(0.98, "SSD fill that SSD eviction stops at")
+    background_demotion: bool = option(True, "demote from a background thread, not inline")
 
     def __post_init__(self) -> None:
         if self.dram_bytes < 64:
@@ -61,6 +72,19 @@ class StoreConfig:
             raise errors.InvalidArgumentError("max_batch_keys must be >= 1")
         if self.reservation_timeout_s <= 0 or self.lease_timeout_s <= 0:
             raise errors.InvalidArgumentError("timeouts must be positive")
+        if self.ssd_policy not in POLICIES:
+            raise errors.InvalidArgumentError(f"unknown ssd_policy {self.ssd_policy!r}")
+        if self.ssd_path and self.ssd_bytes <= 0:
+            raise errors.InvalidArgumentError("an SSD tier (ssd_path) needs ssd_bytes > 0")
+        for tier in ("dram", "ssd"):
+            low, high = (
+                getattr(self, f"{tier}_low_watermark"),
+                getattr(self, f"{tier}_high_watermark"),
+            )
+            if not 0 < low <= high <= 1:
+                raise errors.InvalidArgumentError(
+                    f"{tier} watermarks need 0 < low <= high <= 1, got {low}, {high}"
+                )
 
 
 @dataclass
@@ -81,11 +105,9 @@ class _Lease:
 class _Counters:
     hits: int = 0
     misses: int = 0
-    evictions: int = 0
     blocks_committed: int = 0
     bytes_written: int = 0
     bytes_read: int = 0
-    checksum_failures: int = 0
     expired_reservations: int = 0
     expired_leases: int = 0
 
@@ -108,32 +130,66 @@ class Lease:
 
 @dataclass
 class Store:
-    """One node's blocks in its DRAM tier, indexed by key."""
+    """One node's blocks in DRAM and, when configured, on SSD, indexed by key.
+
+    With an SSD tier, a store opened on an existing `ssd_path` serves every block that was
+    written there before, and the namespaces registered then. Call `close` when done.
+    """
 
     config: StoreConfig = field(default_factory=StoreConfig)
     clock: Clock = time.monotonic
 
     def __post_init__(self) -> None:
         self._lock = threading.RLock()
-        self._dram = DramTier(self.config.dram_bytes, self.config.slab_bytes)
         self._index = BlockIndex()
-        self._policy = make_policy(self.config.policy)
+        self._tiering = Tiering(self.config, self._index, self._lock)
         self._namespaces: dict[bytes, Namespace] = {}
         self._reservations: dict[int, _Reservation] = {}
         self._leases: dict[int, _Lease] = {}
         self._ids = itertools.count(1)
         self._counters = _Counters()
+        self._recover()
+
+    def _recover(self) -> None:
+        ssd = self._tiering.ssd
+        if ssd is None:
+            return
+        start = time.perf_counter()
+        for raw in ssd.load_meta().values():
+            ns = Namespace.decode(raw)
+            self._namespaces[ns.id] = ns
+        num_blocks = self._tiering.recover()
+        log.info(
+            "event=recovered blocks=%d namespaces=%d seconds=%.3f path=%s",
+            num_blocks,
+            len(self._namespaces),
+            time.perf_counter() - start,
+            ssd.path,
+        )
+
+    def close(self) -> None:
+        """Stops the demoter and closes the SSD tier; the store is unusable afterwards."""
+        self._tiering.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # -- namespaces ----------------------------------------------------------------------
 
     def register_namespace(self, namespace: Namespace) -> NamespaceInfo:
         """Makes `namespace` known; idempotent. Raises if its blocks cannot fit a tier."""
-        if not self._dram.can_fit(namespace.block_bytes):
+        dram = self._tiering.dram
+        if not dram.can_fit(namespace.block_bytes):
             raise errors.InvalidArgumentError(
                 f"block of {namespace.block_bytes} bytes exceeds the slab size "
-                f"({self._dram.slab_bytes} bytes)"
+                f"({dram.slab_bytes} bytes)"
             )
         with self._lock:
+            if namespace.id not in self._namespaces and self._tiering.ssd is not None:
+                self._tiering.ssd.save_meta(namespace.id, namespace.encode())
             self._namespaces[namespace.id] = namespace
         return NamespaceInfo(namespace.id, namespace.block_bytes)
 
@@ -162,20 +218,23 @@ class Store:
         with self._lock:
             self.expire()
             self._check_keys(namespace_id, keys)
-            entries = [self._index.readable(namespace_id, k) for k in keys]
-            entries = [e if e is None or self._verify(e) else None for e in entries]
-            hits = [e for e in entries if e is not None]
-            for entry in hits:
-                entry.num_leases += 1
-            self._policy.touch([e.key for e in hits])
+            views: list[memoryview | None] = []
+            hits = []
+            for key in keys:
+                entry = self._index.readable(namespace_id, key)
+                view = None if entry is None else self._tiering.load(entry)
+                if view is not None and entry is not None:
+                    entry.num_leases += 1  # pinned before the next load can evict it
+                    hits.append(entry)
+                views.append(view)
+            self._tiering.touch(hits)
             self._counters.hits += len(hits)
             self._counters.misses += len(keys) - len(hits)
             self._counters.bytes_read += sum(e.nbytes for e in hits)
             lease_id = next(self._ids)
             expires_at = self.clock() + self.config.lease_timeout_s
             self._leases[lease_id] = _Lease(hits, expires_at)
-            views = tuple(None if e is None else self._dram.view(e.slot) for e in entries)
-            return Lease(lease_id, views, expires_at)
+            return Lease(lease_id, tuple(views), expires_at)
 
     def release(self, lease_id: int) -> None:
         """Ends a lease; a no-op if it already expired."""
@@ -212,10 +271,10 @@ class Store:
             statuses = [self._put_status(k) for k in keys]
             todo = [i for i, s in enumerate(statuses) if s is PutStatus.RESERVED]
             block_bytes = self._namespaces[namespace_id].block_bytes
-            self._policy.touch([p for p in parents if p is not None])
-            slots = self._allocate(block_bytes, len(todo))
+            self._tiering.touch([e for p in parents if p and (e := self._index.get(p))])
+            slots = self._tiering.allocate(block_bytes, len(todo))
             entries = {
-                i: Entry(keys[i], namespace_id, parents[i], self._dram.name, slot)
+                i: Entry(keys[i], namespace_id, parents[i], block_bytes, slot)
                 for i, slot in zip(todo, slots, strict=True)
             }
             for entry in entries.values():
@@ -245,7 +304,7 @@ class Store:
                 raise errors.PayloadSizeError(
                     f"block {index}: {end} bytes written, block size is {entry.nbytes}"
                 )
-            self._dram.view(entry.slot)[offset:end] = data
+            self._view(entry)[offset:end] = data
             res.written[index] = end
 
     def reservation_view(self, reservation_id: int, index: int) -> memoryview:
@@ -256,7 +315,7 @@ class Store:
         """
         with self._lock:
             entry = self._reserved_entry(self._reservation(reservation_id), reservation_id, index)
-            return self._dram.view(entry.slot)
+            return self._view(entry)
 
     def mark_written(self, reservation_id: int, index: int) -> None:
         """Records that reserved block `index` was written whole through its view."""
@@ -276,10 +335,10 @@ class Store:
                 )
             del self._reservations[reservation_id]
             for entry in res.entries.values():
-                entry.checksum = zlib.crc32(self._dram.view(entry.slot))
+                entry.checksum = zlib.crc32(self._view(entry))
                 entry.state = BlockState.COMMITTED
-                self._policy.insert(entry.key, entry.parent)
                 self._counters.bytes_written += entry.nbytes
+            self._tiering.on_commit(list(res.entries.values()))
             self._counters.blocks_committed += len(res.entries)
             return len(res.entries)
 
@@ -296,7 +355,7 @@ class Store:
             entries = [self._index.readable(namespace_id, k) for k in keys]
             for entry in entries:
                 if entry is not None:
-                    self._drop(entry)
+                    self._tiering.drop(entry)
             return sum(e is not None for e in entries)
 
     # -- housekeeping --------------------------------------------------------------------
@@ -314,39 +373,49 @@ class Store:
 
     def stats(self) -> StoreStats:
         with self._lock:
-            dram = self._dram.stats()
-            c = self._counters
+            c, t = self._counters, self._tiering.counters
             return StoreStats(
-                num_blocks=len(self._policy),
+                num_blocks=sum(e.is_readable for e in self._index),
                 num_namespaces=len(self._namespaces),
                 num_reservations=len(self._reservations),
                 num_leases=len(self._leases),
                 hits=c.hits,
                 misses=c.misses,
-                evictions=c.evictions,
+                evictions=t.evictions,
                 blocks_committed=c.blocks_committed,
                 bytes_written=c.bytes_written,
                 bytes_read=c.bytes_read,
-                checksum_failures=c.checksum_failures,
+                checksum_failures=t.checksum_failures,
                 expired_reservations=c.expired_reservations,
                 expired_leases=c.expired_leases,
-                tiers=(TierUsage("dram", dram.capacity_bytes, dram.used_bytes, dram.num_slots),),
+                tiers=self._tiering.usage(),
             )
 
+    def demote_now(self) -> int:
+        """Runs one demotion pass now (tests, benchmarks); returns blocks demoted."""
+        return self._tiering.demote_pass() if self._tiering.ssd is not None else 0
+
     def check_integrity(self) -> None:
-        """Asserts that index, policy, tier, leases and reservations agree."""
+        """Asserts that index, policies, tiers, leases and reservations agree."""
         with self._lock:
+            t = self._tiering
             committed = [e for e in self._index if e.state is BlockState.COMMITTED]
             reserved = [e for e in self._index if e.state is BlockState.RESERVED]
-            assert len(committed) == len(self._policy), "policy and index disagree"
+            assert all(e.slot is not None or e.on_ssd for e in committed), "entry in no tier"
+            in_dram = sum(e.slot is not None and not e.is_demoting for e in committed)
+            assert in_dram == len(t.dram_policy), "DRAM policy and entries disagree"
+            assert sum(e.on_ssd for e in committed) == len(t.ssd_policy), "SSD policy"
             in_reservations = sum(len(r.entries) for r in self._reservations.values())
             assert len(reserved) == in_reservations, "reserved entries without a reservation"
-            doomed = {id(e) for lease in self._leases.values() for e in lease.entries}
-            doomed -= {id(e) for e in self._index}
-            slots = len(self._index) + len(doomed)
-            assert self._dram.stats().num_slots == slots, "tier slots and entries disagree"
+            leased = [e for lease in self._leases.values() for e in lease.entries]
+            stale = {id(e) for e in leased if e.stale_slot is not None}
+            assert not any(e.is_demoting for e in self._index), "demotion left a pin"
+            slots = sum(e.slot is not None for e in self._index) + len(stale)
+            assert t.dram.stats().num_slots == slots, "DRAM slots and entries disagree"
+            if t.ssd is not None:
+                assert t.ssd.stats().num_slots == len(t.ssd_policy), "SSD records and entries"
             for entry in self._index:
-                live = sum(e is entry for lease in self._leases.values() for e in lease.entries)
+                live = sum(e is entry for e in leased)
                 assert entry.num_leases == live, f"lease count of {entry.key.hex()[:8]} is off"
 
     # -- internals -----------------------------------------------------------------------
@@ -382,58 +451,19 @@ class Store:
             return PutStatus.RESERVED
         return PutStatus.PRESENT if entry.is_readable else PutStatus.IN_FLIGHT
 
-    def _allocate(self, nbytes: int, count: int) -> list:
-        slots = []
-        try:
-            for _ in range(count):
-                slot = self._dram.allocate(nbytes)
-                while slot is None:
-                    self._evict_one(nbytes)
-                    slot = self._dram.allocate(nbytes)
-                slots.append(slot)
-        except errors.StoreFullError:
-            for slot in slots:
-                self._dram.free(slot)
-            raise
-        return slots
-
-    def _evict_one(self, nbytes: int) -> None:
-        """Evicts the policy's best evictable victim, preferring one of the same slot size."""
-        size_class = self._dram.size_class(nbytes)
-        fallback = None
-        for key in self._policy.candidates():
-            entry = self._index.get(key)
-            assert entry is not None, "policy tracks a key the index lacks"
-            if not entry.is_evictable:
-                continue
-            if self._dram.size_class(entry.nbytes) == size_class or self._dram.has_free_slab():
-                fallback = entry
-                break
-            fallback = fallback or entry
-        if fallback is None:
-            raise errors.StoreFullError(
-                f"no evictable block for {nbytes} bytes: the tier is leased or reserved"
-            )
-        self._drop(fallback)
-        self._counters.evictions += 1
-
-    def _drop(self, entry: Entry) -> None:
-        """Removes a committed entry; its slot is freed now or when its last lease ends."""
-        self._index.pop(entry.key)
-        self._policy.remove(entry.key)
-        if entry.num_leases == 0:
-            self._dram.free(entry.slot)
+    def _view(self, entry: Entry) -> memoryview:
+        assert entry.slot is not None, "reserved entries live in DRAM"
+        return self._tiering.dram.view(entry.slot)
 
     def _drop_reservation(self, res: _Reservation) -> None:
         for entry in res.entries.values():
             self._index.pop(entry.key)
-            self._dram.free(entry.slot)
+            assert entry.slot is not None
+            self._tiering.dram.free(entry.slot)
 
     def _end_lease(self, lease: _Lease) -> None:
         for entry in lease.entries:
-            entry.num_leases -= 1
-            if entry.num_leases == 0 and self._index.get(entry.key) is not entry:
-                self._dram.free(entry.slot)
+            self._tiering.end_lease(entry)
 
     def _reservation(self, reservation_id: int) -> _Reservation:
         res = self._reservations.get(reservation_id)
@@ -448,13 +478,3 @@ class Store:
         if entry is None:
             raise errors.InvalidArgumentError(f"block {index} is not reserved by {reservation_id}")
         return entry
-
-    def _verify(self, entry: Entry) -> bool:
-        if (
-            not self.config.verify_reads
-            or zlib.crc32(self._dram.view(entry.slot)) == entry.checksum
-        ):
-            return True
-        self._counters.checksum_failures += 1
-        self._drop(entry)
-        return False

@@ -1,0 +1,395 @@
+"""Where blocks live: DRAM slots, SSD records, and the moves between them.
+
+Invariants (checked by `Store.check_integrity`):
+- the DRAM policy tracks exactly the committed entries with a DRAM slot;
+- the SSD policy tracks exactly the committed entries with `on_ssd`;
+- an entry with neither is not in the index.
+
+SSD is inclusive: a promoted block keeps its SSD record, so evicting a clean block from
+DRAM is free, and only blocks that were never written out cost an SSD write. DRAM over
+its high watermark is cleaned down to its low watermark by writing victims to SSD in one
+transaction (by a background thread, or inline when `background_demotion` is off).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from kvstore import errors
+from kvstore.index import BlockIndex, BlockState, Entry
+from kvstore.policy import make_policy
+from kvstore.results import TierUsage
+from tiers.base import Record, RecordHeader, Slot
+from tiers.dram import DramTier
+from tiers.ssd import SsdTier
+
+if TYPE_CHECKING:
+    from kvstore.store import StoreConfig
+
+log = logging.getLogger("kvstore.tiering")
+
+
+@dataclass
+class TierCounters:
+    hits: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+
+
+@dataclass
+class TieringCounters:
+    evictions: int = 0  # blocks that left DRAM to make room (demoted or dropped)
+    drops: int = 0  # blocks that left the store to make room
+    demotions: int = 0
+    promotions: int = 0
+    checksum_failures: int = 0
+    tiers: dict[str, TierCounters] = field(
+        default_factory=lambda: {"dram": TierCounters(), "ssd": TierCounters()}
+    )
+
+
+class Tiering:
+    """Moves blocks between tiers; every method runs under the store's lock `lock`."""
+
+    def __init__(self, config: StoreConfig, index: BlockIndex, lock: threading.RLock) -> None:
+        self.config = config
+        self.index = index
+        self.lock = lock
+        self.dram = DramTier(config.dram_bytes, config.slab_bytes)
+        self.ssd = (
+            SsdTier(config.ssd_path, config.ssd_bytes, config.ssd_sync) if config.ssd_path else None
+        )
+        self.dram_policy = make_policy(config.policy)
+        self.ssd_policy = make_policy(config.ssd_policy)
+        self.counters = TieringCounters()
+        self._seq = 0
+        self._wake = threading.Condition(lock)
+        self._closing = False
+        self._demoter: threading.Thread | None = None
+        if self.ssd is not None and config.background_demotion:
+            self._demoter = threading.Thread(target=self._demote_forever, daemon=True)
+            self._demoter.start()
+
+    # -- DRAM space ----------------------------------------------------------------------
+
+    def allocate(self, nbytes: int, count: int) -> list[Slot]:
+        """`count` DRAM slots, evicting as needed; all or nothing (StoreFullError)."""
+        slots: list[Slot] = []
+        try:
+            for _ in range(count):
+                slot = self.dram.allocate(nbytes)
+                while slot is None:
+                    self._evict_one(nbytes)
+                    slot = self.dram.allocate(nbytes)
+                slots.append(slot)
+        except errors.StoreFullError:
+            for slot in slots:
+                self.dram.free(slot)
+            raise
+        return slots
+
+    def _evict_one(self, nbytes: int) -> None:
+        victim = self._dram_victim(nbytes)
+        if victim is None:
+            raise errors.StoreFullError(
+                f"no evictable block for {nbytes} bytes: DRAM is leased or reserved"
+            )
+        is_worth_writing = self.ssd is not None and self.dram_policy.should_demote(victim.key)
+        if not victim.on_ssd and is_worth_writing:
+            self._write_out([victim])
+        self._evict_now(victim)
+
+    def _dram_victim(self, nbytes: int | None) -> Entry | None:
+        """The policy's best evictable block, preferring one of the slot size of `nbytes`."""
+        size_class = None if nbytes is None else self.dram.size_class(nbytes)
+        fallback = None
+        for key in self.dram_policy.candidates():
+            entry = self.index.get(key)
+            assert entry is not None and entry.slot is not None, "DRAM policy is stale"
+            if not entry.is_evictable:
+                continue
+            if size_class in (None, self.dram.size_class(entry.nbytes)):
+                return entry
+            if self.dram.has_free_slab():
+                return entry
+            fallback = fallback or entry
+        return fallback
+
+    def _free_dram(self, entry: Entry) -> None:
+        assert entry.slot is not None
+        self.dram_policy.remove(entry.key)
+        if entry.num_leases == 0:
+            self.dram.free(entry.slot)
+        else:
+            entry.stale_slot = entry.slot
+        entry.slot = None
+
+    # -- entries -------------------------------------------------------------------------
+
+    def on_commit(self, entries: Sequence[Entry]) -> None:
+        """Starts tracking newly committed DRAM blocks; cleans DRAM if it is too full."""
+        for entry in entries:
+            self._seq += 1
+            entry.seq = self._seq
+            self.dram_policy.insert(entry.key, entry.parent)
+            self.counters.tiers["dram"].bytes_written += entry.nbytes
+        if self.ssd is not None and self._is_dram_over(self.config.dram_high_watermark):
+            if self._demoter is None:
+                self.demote_pass()
+            else:
+                self._wake.notify()
+
+    def touch(self, entries: Sequence[Entry]) -> None:
+        """Records hits, in chain order, with each tier's policy."""
+        self.dram_policy.touch([e.key for e in entries if e.slot is not None])
+        self.ssd_policy.touch([e.key for e in entries if e.on_ssd])
+
+    def load(self, entry: Entry) -> memoryview | None:
+        """A DRAM view of a committed block, promoting it from SSD if needed.
+
+        Returns None, after dropping the block, when its bytes fail their checksum.
+        """
+        counters = self.counters.tiers[entry.tier]
+        view = self._dram_view(entry) if entry.slot is not None else self._promote(entry)
+        if view is None:
+            return None
+        counters.hits += 1
+        counters.bytes_read += entry.nbytes
+        return view
+
+    def _dram_view(self, entry: Entry) -> memoryview | None:
+        assert entry.slot is not None
+        view = self.dram.view(entry.slot)
+        if self.config.verify_reads and zlib.crc32(view) != entry.checksum:
+            self._corrupted(entry)
+            return None
+        return view
+
+    def _promote(self, entry: Entry) -> memoryview | None:
+        assert self.ssd is not None and entry.on_ssd
+        entry.num_leases += 1  # pinned: allocating below must not evict it from SSD
+        try:
+            slot = self.allocate(entry.nbytes, 1)[0]
+        except errors.StoreFullError:
+            slot = None  # DRAM is all leased: serve from a private buffer, no promotion
+        finally:
+            entry.num_leases -= 1
+        view = self.dram.view(slot) if slot is not None else memoryview(bytearray(entry.nbytes))
+        header = self.ssd.read_into(entry.key, view)
+        if header is None or zlib.crc32(view) != entry.checksum:
+            if slot is not None:
+                self.dram.free(slot)
+            self._corrupted(entry)
+            return None
+        if slot is not None:
+            entry.slot = slot
+            self.dram_policy.insert(entry.key, entry.parent)
+            self.counters.promotions += 1
+            self.counters.tiers["dram"].bytes_written += entry.nbytes
+        return view
+
+    def _corrupted(self, entry: Entry) -> None:
+        log.warning("event=checksum_failure key=%s tier=%s", entry.key.hex()[:16], entry.tier)
+        self.counters.checksum_failures += 1
+        self.drop(entry)
+
+    def drop(self, entry: Entry) -> None:
+        """Removes a committed entry from every tier; a leased DRAM slot is freed later."""
+        self.index.pop(entry.key)
+        if entry.slot is not None:
+            self._free_dram(entry)
+        if entry.on_ssd:
+            assert self.ssd is not None
+            self.ssd_policy.remove(entry.key)
+            self.ssd.write([], delete=[entry.key])
+            entry.on_ssd = False
+
+    def end_lease(self, entry: Entry) -> None:
+        entry.num_leases -= 1
+        if entry.num_leases == 0 and entry.stale_slot is not None:
+            self.dram.free(entry.stale_slot)
+            entry.stale_slot = None
+
+    # -- demotion ------------------------------------------------------------------------
+
+    def _is_dram_over(self, fraction: float) -> bool:
+        return self.dram.stats().used_bytes > fraction * self.dram.capacity_bytes
+
+    def demote_pass(self) -> int:
+        """Frees DRAM down to its low watermark: clean victims at once, dirty ones after an
+        SSD write (one transaction, run without the store's lock; the victims are pinned and
+        out of the DRAM policy meanwhile). Returns how many blocks left DRAM."""
+        with self.lock:
+            to_write, num_freed = self._select_demotions()
+            records, delete = self._prepare_write(to_write)
+        if to_write:
+            assert self.ssd is not None
+            self.ssd.write(records, delete)
+        with self.lock:
+            for entry in to_write:
+                entry.is_demoting = False
+                self.end_lease(entry)
+            written = [e for e in to_write if self.index.get(e.key) is e]
+            removed = [e.key for e in to_write if e not in written and not self._is_on_ssd(e.key)]
+            if removed:  # removed while being written: their records must not outlive them
+                assert self.ssd is not None
+                self.ssd.write([], delete=removed)
+            self._finish_write(written)
+            for entry in written:
+                self.dram_policy.insert(entry.key, entry.parent)
+                if entry.is_evictable:
+                    self._free_dram(entry)
+            self.counters.evictions += len(written)
+            return num_freed + len(written)
+
+    def _is_on_ssd(self, key: bytes) -> bool:
+        entry = self.index.get(key)
+        return entry is not None and entry.on_ssd
+
+    def _select_demotions(self) -> tuple[list[Entry], int]:
+        """Dirty victims to write out (pinned), after freeing clean ones and dropping those
+        the policy will not demote; returns them and how many blocks were freed."""
+        low = self.config.dram_low_watermark * self.dram.capacity_bytes
+        excess = self.dram.stats().used_bytes - low
+        to_write: list[Entry] = []
+        num_freed = 0
+        while excess > 0 and (victim := self._dram_victim(None)) is not None:
+            excess -= victim.nbytes
+            if victim.on_ssd or not self.dram_policy.should_demote(victim.key):
+                self._evict_now(victim)
+                num_freed += 1
+                continue
+            self.dram_policy.remove(victim.key)
+            victim.is_demoting = True
+            victim.num_leases += 1
+            to_write.append(victim)
+        return to_write, num_freed
+
+    def _evict_now(self, victim: Entry) -> None:
+        """Evicts a victim that needs no SSD write: it is clean, or not worth keeping."""
+        self.counters.evictions += 1
+        if victim.on_ssd:
+            self._free_dram(victim)
+        else:
+            self.counters.drops += 1
+            self.drop(victim)
+
+    def _write_out(self, entries: list[Entry]) -> None:
+        """Writes `entries` to SSD now, under the lock (the eviction path's fallback)."""
+        assert self.ssd is not None
+        records, delete = self._prepare_write(entries)
+        self.ssd.write(records, delete)
+        self._finish_write(entries)
+
+    def _prepare_write(self, entries: list[Entry]) -> tuple[list[Record], list[bytes]]:
+        """Records for `entries`, and the SSD victims to delete in the same transaction."""
+        assert self.ssd is not None
+        needed = sum(e.nbytes for e in entries)
+        delete = self._make_ssd_room(needed)
+        records = []
+        for e in entries:
+            assert e.slot is not None
+            header = RecordHeader(e.namespace_id, e.parent, e.checksum, e.nbytes, e.seq)
+            records.append(Record(e.key, header, self.dram.view(e.slot)))
+        return records, delete
+
+    def _finish_write(self, entries: list[Entry]) -> None:
+        for entry in entries:
+            entry.on_ssd = True
+            self.ssd_policy.insert(entry.key, entry.parent)
+            self.counters.tiers["ssd"].bytes_written += entry.nbytes
+        self.counters.demotions += len(entries)
+
+    def _make_ssd_room(self, needed: int) -> list[bytes]:
+        """Gives up SSD copies until `needed` more bytes fit; returns the keys to delete."""
+        assert self.ssd is not None
+        cap = self.ssd.capacity_bytes
+        used = self.ssd.stats().used_bytes
+        if used + needed <= self.config.ssd_high_watermark * cap:
+            return []
+        target = self.config.ssd_low_watermark * cap - needed
+        delete = []
+        for key in list(self.ssd_policy.candidates()):
+            if used <= target:
+                break
+            entry = self.index.get(key)
+            assert entry is not None and entry.on_ssd
+            if entry.num_leases:
+                continue
+            self.ssd_policy.remove(key)
+            entry.on_ssd = False
+            if entry.slot is None:
+                self.index.pop(key)
+                self.counters.drops += 1
+            delete.append(key)
+            used -= entry.nbytes
+        return delete
+
+    def _demote_forever(self) -> None:
+        while True:
+            with self.lock:
+                while not self._closing and not self._is_dram_over(self.config.dram_high_watermark):
+                    self._wake.wait()
+                if self._closing:
+                    return
+            try:
+                self.demote_pass()
+            except Exception:
+                log.exception("event=demotion_failed")
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def recover(self) -> int:
+        """Rebuilds the index from SSD records; returns how many blocks were recovered."""
+        if self.ssd is None:
+            return 0
+        good: list[tuple[bytes, RecordHeader]] = []
+        bad: list[bytes] = []
+        for key, header in self.ssd.scan():
+            if header is None:
+                bad.append(key)
+            else:
+                good.append((key, header))
+        good.sort(key=lambda kh: kh[1].seq)
+        for key, h in good:
+            entry = Entry(key, h.namespace_id, h.parent, h.nbytes, None, BlockState.COMMITTED)
+            entry.checksum, entry.on_ssd, entry.seq = h.checksum, True, h.seq
+            self.index.add(entry)
+            self.ssd_policy.insert(key, h.parent)
+        self._seq = good[-1][1].seq if good else 0
+        if bad:
+            self.ssd.write([], delete=bad)
+            self.counters.checksum_failures += len(bad)
+        return len(good)
+
+    def close(self) -> None:
+        with self.lock:
+            self._closing = True
+            self._wake.notify_all()
+        if self._demoter is not None:
+            self._demoter.join()
+        if self.ssd is not None:
+            self.ssd.close()
+
+    def usage(self) -> tuple[TierUsage, ...]:
+        tiers = [self.dram] if self.ssd is None else [self.dram, self.ssd]
+        out = []
+        for tier in tiers:
+            st, c = tier.stats(), self.counters.tiers[tier.name]
+            out.append(
+                TierUsage(
+                    tier.name,
+                    st.capacity_bytes,
+                    st.used_bytes,
+                    st.num_slots,
+                    c.hits,
+                    c.bytes_read,
+                    c.bytes_written,
+                )
+            )
+        return tuple(out)
