@@ -63,6 +63,11 @@ _SPECS = (
         can_plot=True,
     ),
     SuiteSpec(
+        "recovery",
+        "bench.recovery",
+        "restart recovery: index rebuild from an SSD tier of 100k blocks vs a bare LMDB scan",
+    ),
+    SuiteSpec(
         "dataplane",
         "bench.dataplane",
         "put/get throughput and latency: kvstore over UCX and gRPC vs memcpy, TCP, raw "
