@@ -1,7 +1,9 @@
 """Python clients of a store node: `Client` (blocking) and `AsyncClient` (asyncio).
 
 Both speak the same gRPC service, put a timeout on every call and raise the typed errors
-of `kvstore.errors`. Bytes travel over the portable gRPC path here.
+of `kvstore.errors`. `Client.get_into` and `Client.put` move bytes over the UCX data plane
+when both ends have it (`transport="auto"`), straight into and out of the caller's arrays;
+otherwise, and in `AsyncClient`, bytes travel over the portable gRPC path.
 
 Example:
     >>> ns = Namespace("llama-3-8b", KVLayout("float16", 32, 8, 128, 16))
@@ -14,8 +16,9 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Sequence
-from typing import NamedTuple, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 import grpc
 import numpy as np
@@ -24,6 +27,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from kvstore import errors, wire
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.dataplane import TRANSPORTS, DataPlaneClient, is_available
+from kvstore.dataplane.buffers import as_transfer_buffer
 from kvstore.keys import Namespace
 from kvstore.results import (
     MatchResult,
@@ -37,6 +42,7 @@ from kvstore.results import (
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_CHUNK_BYTES = 1 << 20
 DEFAULT_MAX_MESSAGE_BYTES = 8 << 20
+TRANSPORT_CHOICES = ("auto", "ucx", "grpc")
 
 Buffer = bytes | bytearray | memoryview | np.ndarray
 
@@ -92,6 +98,25 @@ def _check_blocks(keys: Sequence[bytes], blocks: Sequence[Buffer]) -> None:
         raise errors.InvalidArgumentError(f"{len(blocks)} blocks for {len(keys)} keys")
 
 
+def _copy_into(result: GetResult, buffers: Sequence[Any]) -> tuple[bool, ...]:
+    """The gRPC path's fallback for `get_into`: one copy from each received block."""
+    for block, buf in zip(result.blocks, buffers, strict=True):
+        if block is None:
+            continue
+        target = as_transfer_buffer(buf, writable=True)
+        if target.nbytes != len(block):
+            raise errors.PayloadSizeError(
+                f"buffer of {target.nbytes} bytes for a {len(block)}-byte block"
+            )
+        if target.is_device:
+            import cupy  # device buffers on the gRPC path need the `gpu` extra
+
+            cupy.asarray(buf).view(cupy.uint8).ravel().set(np.frombuffer(block, np.uint8))
+        else:
+            target.obj[:] = block
+    return result.found
+
+
 class _GetAssembler:
     """Rebuilds blocks from a Get stream: a header, then chunks in any block order."""
 
@@ -119,6 +144,9 @@ class Client:
         address: "host:port" of a store node.
         timeout_s: deadline of every call.
         chunk_bytes: size of the byte chunks streamed on the gRPC path.
+        transport: how `get_into`/`put` move bytes: "ucx" (the data plane, or raise
+            UnavailableError), "grpc" (the portable path), "auto" (ucx when both ends
+            have it, else grpc).
     """
 
     def __init__(
@@ -127,10 +155,16 @@ class Client:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        transport: str = "auto",
     ) -> None:
+        if transport not in TRANSPORT_CHOICES:
+            raise errors.InvalidArgumentError(f"transport must be one of {TRANSPORT_CHOICES}")
         self.address = address
         self.timeout_s = timeout_s
         self.chunk_bytes = chunk_bytes
+        self.transport = transport
+        self._dataplane: DataPlaneClient | None = None
+        self._dataplane_lock = threading.Lock()
         options = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
@@ -146,6 +180,10 @@ class Client:
         self.close()
 
     def close(self) -> None:
+        with self._dataplane_lock:
+            if self._dataplane is not None:
+                self._dataplane.close()
+                self._dataplane = None
         self._channel.close()
 
     def _call(self, method, request):  # type: ignore[no-untyped-def]
@@ -153,6 +191,47 @@ class Client:
             return method(request, timeout=self.timeout_s)
         except grpc.RpcError as err:
             _raise(err)
+
+    # -- data plane ----------------------------------------------------------------------
+
+    def _handshake(self, client_address: bytes) -> tuple[bytes, int]:
+        request = pb.DataPlaneInfoRequest(transport="ucx", client_address=client_address)
+        response = self._call(self._stub.DataPlaneInfo, request)
+        return response.server_address, response.client_id
+
+    def data_plane(self) -> DataPlaneClient | None:
+        """The UCX connection `get_into`/`put` use, made on first use; None means gRPC.
+
+        With transport "ucx" raises UnavailableError where "auto" falls back to gRPC.
+        """
+        if self.transport == "grpc":
+            return None
+        with self._dataplane_lock:
+            if self._dataplane is not None and self._dataplane.is_open:
+                return self._dataplane
+            try:
+                if not is_available():
+                    raise errors.UnavailableError("ucxx is not installed here")
+                self._dataplane = TRANSPORTS["ucx"].client(self._handshake, self.timeout_s)
+            except errors.UnavailableError:
+                if self.transport == "ucx":
+                    raise
+                self.transport = "grpc"  # remember: this peer has no data plane
+                return None
+            return self._dataplane
+
+    def get_into(
+        self, namespace_id: bytes, keys: Sequence[bytes], buffers: Sequence[Any]
+    ) -> tuple[bool, ...]:
+        """Reads the committed blocks of `keys` straight into `buffers` (one per key, each
+        exactly the namespace's block size: numpy arrays, torch tensors, cupy arrays,
+        bytearrays). Returns which keys were found; a miss leaves its buffer untouched."""
+        _check_blocks(keys, buffers)
+        dataplane = self.data_plane() if keys else None
+        if dataplane is None:
+            return _copy_into(self.get(namespace_id, keys), buffers)
+        block_bytes = as_transfer_buffer(buffers[0], writable=True).nbytes
+        return dataplane.get_into(namespace_id, keys, buffers, block_bytes)
 
     def wait_ready(self, timeout_s: float | None = None) -> None:
         """Blocks until the channel connects; raises UnavailableError after the timeout."""
@@ -209,8 +288,13 @@ class Client:
         parents: Sequence[bytes | None] | None = None,
     ) -> PutResult:
         """Stores `blocks` under `keys` (reserve, write, commit); keys already present
-        are skipped. On failure the reservation is aborted and nothing becomes visible."""
+        are skipped. On failure the reservation is aborted and nothing becomes visible.
+        Over the data plane each block carries a crc32 the node checks before commit."""
         _check_blocks(keys, blocks)
+        dataplane = self.data_plane() if keys else None
+        if dataplane is not None:
+            block_bytes = as_transfer_buffer(blocks[0], writable=False).nbytes
+            return _put_result(dataplane.put(namespace_id, keys, blocks, parents, block_bytes))
         reserved = self.reserve(namespace_id, keys, parents)
         if reserved.num_reserved:
             try:

@@ -3,6 +3,9 @@
 All store calls run on the event loop thread; each is short and bounded by the batch
 limit. A typed store error becomes its status code, with the class name in trailing
 metadata so the client can raise the same class.
+
+Beside it runs the data plane (`kvstore.dataplane`, UCX) on its own thread: `DataPlaneInfo`
+hands a client the node's worker address, and bulk bytes then bypass gRPC entirely.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from kvstore import wire
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.config import option, parse_bytes
-from kvstore.errors import ERROR_METADATA_KEY, InvalidArgumentError, KVStoreError
+from kvstore.dataplane.base import DataPlaneServer
+from kvstore.errors import ERROR_METADATA_KEY, InvalidArgumentError, KVStoreError, UnavailableError
 from kvstore.store import Store, StoreConfig
 
 log = logging.getLogger("kvstore.server")
@@ -41,10 +45,19 @@ class ServerConfig:
     chunk_bytes: int = option(1 << 20, "size of the byte chunks streamed by Get", parse_bytes)
     grace_s: float = option(5.0, "on SIGTERM, how long in-flight calls may finish")
     expire_interval_s: float = option(1.0, "how often expired leases and reservations are swept")
+    dataplane: str = option("auto", "bulk byte transport: auto (ucx if installed), ucx, none")
+    ucx_error_handling: bool = option(
+        False, "UCX peer error handling (fails fast on a dead peer, but disables shared memory)"
+    )
+    transfer_timeout_s: float = option(30.0, "a data-plane transfer not done by then fails")
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
             raise InvalidArgumentError(f"port out of range: {self.port}")
+        if self.dataplane not in ("auto", "ucx", "none"):
+            raise InvalidArgumentError(f"dataplane must be auto, ucx or none: {self.dataplane!r}")
+        if self.transfer_timeout_s <= 0:
+            raise InvalidArgumentError("transfer_timeout_s must be positive")
         if not 0 < self.chunk_bytes < self.max_message_bytes:
             raise InvalidArgumentError("chunk_bytes must be positive and below max_message_bytes")
 
@@ -82,9 +95,12 @@ def _unary(
 
 
 class KVStoreServicer(pb_grpc.KVStoreServicer):
-    def __init__(self, store: Store, chunk_bytes: int) -> None:
+    def __init__(
+        self, store: Store, chunk_bytes: int, dataplane: DataPlaneServer | None = None
+    ) -> None:
         self.store = store
         self.chunk_bytes = chunk_bytes
+        self.dataplane = dataplane
 
     @_unary
     async def RegisterNamespace(self, request, context):
@@ -146,6 +162,30 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     async def Stats(self, request, context):
         return wire.stats_to_pb(self.store.stats())
 
+    @_unary
+    async def DataPlaneInfo(self, request, context):
+        if self.dataplane is None or request.transport != "ucx":
+            raise UnavailableError(f"this node has no {request.transport or '?'} data plane")
+        # Connecting waits on the data plane's own thread; keep this loop free meanwhile.
+        client_id = await asyncio.to_thread(self.dataplane.connect, request.client_address)
+        return pb.DataPlaneInfoResponse(
+            transport="ucx", server_address=self.dataplane.address, client_id=client_id
+        )
+
+
+def make_dataplane(store: Store, config: ServerConfig) -> DataPlaneServer | None:
+    """The node's UCX data plane, or None when disabled (or absent, with `auto`)."""
+    from kvstore.dataplane import TRANSPORTS, is_available
+
+    if config.dataplane == "none" or (config.dataplane == "auto" and not is_available()):
+        log.info("event=dataplane_off setting=%s", config.dataplane)
+        return None
+    dataplane = TRANSPORTS["ucx"].server(
+        store, config.transfer_timeout_s, config.ucx_error_handling
+    )
+    log.info("event=dataplane_on transport=ucx error_handling=%s", config.ucx_error_handling)
+    return dataplane
+
 
 async def _expire_forever(store: Store, interval_s: float) -> None:
     while True:
@@ -154,11 +194,12 @@ async def _expire_forever(store: Store, interval_s: float) -> None:
 
 
 async def start_server(
-    store: Store, config: ServerConfig
+    store: Store, config: ServerConfig, dataplane: DataPlaneServer | None = None
 ) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
     """Starts the service for `store`; returns the server, its health servicer and port."""
     server = grpc.aio.server(options=config.grpc_options)
-    pb_grpc.add_KVStoreServicer_to_server(KVStoreServicer(store, config.chunk_bytes), server)
+    servicer = KVStoreServicer(store, config.chunk_bytes, dataplane)
+    pb_grpc.add_KVStoreServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     port = server.add_insecure_port(config.address)
@@ -171,7 +212,8 @@ async def start_server(
 async def serve(store_config: StoreConfig, config: ServerConfig) -> None:
     """Runs a store node until SIGTERM or SIGINT, then drains in-flight calls and exits."""
     store = Store(store_config)
-    server, health_servicer, port = await start_server(store, config)
+    dataplane = make_dataplane(store, config)
+    server, health_servicer, port = await start_server(store, config, dataplane)
     log.info(
         "event=serving address=%s:%d dram_bytes=%d policy=%s",
         config.host,
@@ -188,6 +230,8 @@ async def serve(store_config: StoreConfig, config: ServerConfig) -> None:
     log.info("event=draining grace_s=%s", config.grace_s)
     await health_servicer.enter_graceful_shutdown()
     await server.stop(config.grace_s)
+    if dataplane is not None:
+        dataplane.stop()
     expirer.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await expirer
@@ -208,6 +252,7 @@ class EmbeddedServer:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: grpc.aio.Server | None = None
+        self._dataplane: DataPlaneServer | None = None
         self.port = 0
 
     @property
@@ -216,8 +261,9 @@ class EmbeddedServer:
 
     def start(self) -> EmbeddedServer:
         self._thread.start()
+        self._dataplane = make_dataplane(self.store, self.config)
         started = asyncio.run_coroutine_threadsafe(
-            start_server(self.store, self.config), self._loop
+            start_server(self.store, self.config, self._dataplane), self._loop
         )
         self._server, _, self.port = started.result()
         return self
@@ -226,6 +272,9 @@ class EmbeddedServer:
         if self._server is not None:
             asyncio.run_coroutine_threadsafe(self._server.stop(None), self._loop).result()
             self._server = None
+        if self._dataplane is not None:
+            self._dataplane.stop()
+            self._dataplane = None
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()

@@ -236,3 +236,21 @@ class StatsResponse(_message.Message):
     expired_leases: int
     tiers: _containers.RepeatedCompositeFieldContainer[TierUsage]
     def __init__(self, num_blocks: _Optional[int] = ..., num_namespaces: _Optional[int] = ..., num_reservations: _Optional[int] = ..., num_leases: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ..., blocks_committed: _Optional[int] = ..., bytes_written: _Optional[int] = ..., bytes_read: _Optional[int] = ..., checksum_failures: _Optional[int] = ..., expired_reservations: _Optional[int] = ..., expired_leases: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierUsage, _Mapping]]] = ...) -> None: ...
+
+class DataPlaneInfoRequest(_message.Message):
+    __slots__ = ("transport", "client_address")
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    transport: str
+    client_address: bytes
+    def __init__(self, transport: _Optional[str] = ..., client_address: _Optional[bytes] = ...) -> None: ...
+
+class DataPlaneInfoResponse(_message.Message):
+    __slots__ = ("transport", "server_address", "client_id")
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    SERVER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    transport: str
+    server_address: bytes
+    client_id: int
+    def __init__(self, transport: _Optional[str] = ..., server_address: _Optional[bytes] = ..., client_id: _Optional[int] = ...) -> None: ...

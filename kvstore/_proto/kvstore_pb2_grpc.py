@@ -79,6 +79,11 @@ class KVStoreStub:
                 request_serializer=kvstore_dot___proto_dot_kvstore__pb2.StatsRequest.SerializeToString,
                 response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.StatsResponse.FromString,
                 _registered_method=True)
+        self.DataPlaneInfo = channel.unary_unary(
+                '/kvstore.v1.KVStore/DataPlaneInfo',
+                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.DataPlaneInfoRequest.SerializeToString,
+                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.DataPlaneInfoResponse.FromString,
+                _registered_method=True)
 
 
 class KVStoreServicer:
@@ -145,6 +150,14 @@ class KVStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DataPlaneInfo(self, request, context):
+        """Where the node's data plane (UCX) listens; admits the caller's worker as a peer.
+        UNAVAILABLE when the node runs without a data plane.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -192,6 +205,11 @@ def add_KVStoreServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.StatsRequest.FromString,
                     response_serializer=kvstore_dot___proto_dot_kvstore__pb2.StatsResponse.SerializeToString,
+            ),
+            'DataPlaneInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.DataPlaneInfo,
+                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.DataPlaneInfoRequest.FromString,
+                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.DataPlaneInfoResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -437,6 +455,33 @@ class KVStore:
             '/kvstore.v1.KVStore/Stats',
             kvstore_dot___proto_dot_kvstore__pb2.StatsRequest.SerializeToString,
             kvstore_dot___proto_dot_kvstore__pb2.StatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DataPlaneInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.KVStore/DataPlaneInfo',
+            kvstore_dot___proto_dot_kvstore__pb2.DataPlaneInfoRequest.SerializeToString,
+            kvstore_dot___proto_dot_kvstore__pb2.DataPlaneInfoResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,33 @@
+"""Data plane: bulk block bytes over UCX, beside the gRPC control plane.
+
+`TRANSPORTS` maps a transport name to its server and client classes; the UCX ones import
+`ucxx` only when constructed, so this package imports without the `ucx` extra.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import NamedTuple
+
+from kvstore.dataplane.base import ChecksumMismatchError, DataPlaneClient, DataPlaneServer
+from kvstore.dataplane.runtime import is_available
+from kvstore.dataplane.ucx_client import UcxClient
+from kvstore.dataplane.ucx_server import UcxServer
+
+
+class Transport(NamedTuple):
+    server: Callable[..., DataPlaneServer]
+    client: Callable[..., DataPlaneClient]
+
+
+TRANSPORTS: Mapping[str, Transport] = MappingProxyType({"ucx": Transport(UcxServer, UcxClient)})
+
+__all__ = [
+    "TRANSPORTS",
+    "ChecksumMismatchError",
+    "DataPlaneClient",
+    "DataPlaneServer",
+    "Transport",
+    "is_available",
+]

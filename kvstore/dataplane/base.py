@@ -1,0 +1,85 @@
+"""The data-plane contract: how bulk block bytes move between a client and a store node.
+
+The control plane (gRPC) tells a client where a node's data plane listens and hands it a
+connection id; everything after that — requests, block bytes, replies — goes over the
+transport. Implementations are chosen through `kvstore.dataplane.TRANSPORTS`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+from kvstore import errors
+from kvstore.results import ReserveResult
+
+
+class ChecksumMismatchError(errors.InvalidArgumentError):
+    """A block arrived short or altered (its crc32 differs from the sender's); nothing of
+    that put was committed."""
+
+
+class DataPlaneServer(ABC):
+    """A store node's side: receives requests and moves bytes to and from tier slots.
+
+    Runs on its own thread; every method is safe to call from any thread.
+    """
+
+    @property
+    @abstractmethod
+    def address(self) -> bytes:
+        """Opaque address a client needs to reach this server (e.g. a UCX worker address)."""
+
+    @abstractmethod
+    def connect(self, client_address: bytes) -> int:
+        """Admits a client reachable at `client_address`; returns its connection id.
+
+        Raises UnavailableError if the client cannot be reached.
+        """
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Drops every connection; leases and reservations of unfinished calls are ended."""
+
+
+class DataPlaneClient(ABC):
+    """A client's side. Every call has a deadline: a dead peer raises, never hangs.
+
+    After a DeadlineExceededError or UnavailableError the connection is closed and the
+    caller should make a new client; the buffers of a failed get hold unspecified bytes.
+    """
+
+    @abstractmethod
+    def get_into(
+        self, namespace_id: bytes, keys: Sequence[bytes], buffers: Sequence[Any], block_bytes: int
+    ) -> tuple[bool, ...]:
+        """Receives each committed block of `keys` straight into `buffers[i]`.
+
+        Returns which keys were found; a missed key's buffer is left untouched. The store
+        holds a lease on the blocks until they have arrived.
+        """
+
+    @abstractmethod
+    def put(
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        blocks: Sequence[Any],
+        parents: Sequence[bytes | None] | None,
+        block_bytes: int,
+    ) -> ReserveResult:
+        """Reserves, sends the blocks to reserve into their slots, verifies and commits.
+
+        Keys already present or in flight are skipped (their statuses say so). On any
+        failure nothing of this call becomes visible.
+        """
+
+    @property
+    @abstractmethod
+    def is_open(self) -> bool:
+        """False once closed or broken by a failed transfer."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Tells the server goodbye and frees the connection; idempotent."""

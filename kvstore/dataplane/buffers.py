@@ -1,0 +1,76 @@
+"""Caller buffers as UCX sees them: host memory by the buffer protocol, device memory by
+`__cuda_array_interface__` (cupy, torch on CUDA). Nothing is copied: a block lands in, or
+leaves from, exactly the memory the caller passed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from kvstore import errors
+
+
+class TransferBuffer(NamedTuple):
+    """An object ucxx can send from or receive into, and its size in bytes."""
+
+    obj: Any
+    nbytes: int
+    is_device: bool
+
+
+def _cuda_buffer(obj: Any, writable: bool) -> TransferBuffer:
+    iface = obj.__cuda_array_interface__
+    strides = iface.get("strides")
+    if strides is not None and not _is_c_contiguous(iface["shape"], strides, iface["typestr"]):
+        raise errors.InvalidArgumentError("device buffer must be C-contiguous")
+    if writable and iface["data"][1]:
+        raise errors.InvalidArgumentError("device buffer is read-only")
+    itemsize = int(iface["typestr"][2:])
+    nbytes = itemsize
+    for dim in iface["shape"]:
+        nbytes *= dim
+    return TransferBuffer(obj, nbytes, True)
+
+
+def _is_c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...], typestr: str) -> bool:
+    expected = int(typestr[2:])
+    for dim, stride in zip(reversed(shape), reversed(strides), strict=True):
+        if dim > 1 and stride != expected:
+            return False
+        expected *= dim
+    return True
+
+
+def _host_view(obj: Any) -> memoryview:
+    if type(obj).__module__.startswith("torch"):
+        if not obj.is_contiguous():
+            raise errors.InvalidArgumentError("host buffer must be C-contiguous")
+        # A uint8 view of the tensor's memory (numpy has no bfloat16), no copy.
+        obj = obj.detach().reshape(-1).view(dtype=_torch_uint8(obj)).numpy()
+    try:
+        view = memoryview(obj)
+    except TypeError:
+        raise errors.InvalidArgumentError(
+            f"{type(obj).__name__} is not a buffer: pass numpy, torch, cupy, bytearray"
+        ) from None
+    if not view.c_contiguous:
+        raise errors.InvalidArgumentError("host buffer must be C-contiguous")
+    return view.cast("B") if view.ndim != 1 or view.format != "B" else view
+
+
+def as_transfer_buffer(obj: Any, writable: bool) -> TransferBuffer:
+    """Wraps a caller's array for a zero-copy transfer; raises InvalidArgumentError if it
+    is not contiguous, or read-only where `writable` is asked for."""
+    if hasattr(obj, "__cuda_array_interface__"):
+        return _cuda_buffer(obj, writable)
+    view = _host_view(obj)
+    if writable and view.readonly:
+        raise errors.InvalidArgumentError("buffer is read-only; a get needs writable buffers")
+    return TransferBuffer(view, view.nbytes, False)
+
+
+def _torch_uint8(tensor: Any) -> Any:
+    import torch  # only reached with a torch tensor in hand
+
+    del tensor
+    return torch.uint8

@@ -1,0 +1,98 @@
+"""A UCX worker on its own thread and event loop, so no caller's loop ever waits on it.
+
+ucxx ties a worker's progress to an asyncio loop; this module gives each server or client
+its own loop thread and runs coroutines there with a deadline. UCX reads its settings from
+the environment when the worker is created, so `UCX_TLS=tcp` before start restricts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import importlib
+import logging
+import os
+import threading
+from collections.abc import Awaitable, Coroutine
+from typing import Any, TypeVar
+
+from kvstore import errors
+
+log = logging.getLogger("kvstore.dataplane")
+T = TypeVar("T")
+
+
+def load_ucxx() -> Any:
+    """The `ucxx` module; raises UnavailableError when the `ucx` extra is not installed."""
+    os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+    try:
+        return importlib.import_module("ucxx")
+    except ImportError as exc:
+        raise errors.UnavailableError(
+            f"UCX data plane needs ucxx: pip install 'kvstore[ucx]' ({exc})"
+        ) from None
+
+
+def is_available() -> bool:
+    """Whether ucxx imports here."""
+    try:
+        load_ucxx()
+    except errors.UnavailableError:
+        return False
+    return True
+
+
+class UcxRuntime:
+    """Owns one ucxx worker, progressed by a daemon thread with a private event loop."""
+
+    def __init__(self, name: str) -> None:
+        self._ucxx = load_ucxx()
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+        self.ctx: Any = self.call(self._make_context(), timeout_s=60.0)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    async def _make_context(self) -> Any:
+        from ucxx._lib_async.application_context import ApplicationContext
+
+        return ApplicationContext(progress_mode="thread")
+
+    @property
+    def ucxx(self) -> Any:
+        return self._ucxx
+
+    @property
+    def worker_address(self) -> bytes:
+        return bytes(self.ctx.worker_address)
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Schedules `coro` on the runtime's loop from any other thread."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
+        """Runs `coro` on the runtime's loop and waits for it, at most `timeout_s`."""
+        return self.submit(with_deadline(coro, timeout_s)).result()
+
+    def stop(self) -> None:
+        """Stops the loop thread; in-flight coroutines are cancelled."""
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10.0)
+        ctx, self.ctx = self.ctx, None
+        if ctx is not None:
+            ctx.worker.stop_progress_thread()
+
+
+async def with_deadline(coro: Awaitable[T], timeout_s: float) -> T:
+    """`coro`, or DeadlineExceededError after `timeout_s`."""
+    try:
+        return await asyncio.wait_for(coro, timeout_s)
+    except TimeoutError:
+        raise errors.DeadlineExceededError(
+            f"data-plane call did not finish within {timeout_s:g} s"
+        ) from None
