@@ -375,7 +375,7 @@ class Store:
         with self._lock:
             c, t = self._counters, self._tiering.counters
             return StoreStats(
-                num_blocks=sum(e.is_readable for e in self._index),
+                num_blocks=len(self._index) - self._num_reserved(),
                 num_namespaces=len(self._namespaces),
                 num_reservations=len(self._reservations),
                 num_leases=len(self._leases),
@@ -405,8 +405,7 @@ class Store:
             in_dram = sum(e.slot is not None and not e.is_demoting for e in committed)
             assert in_dram == len(t.dram_policy), "DRAM policy and entries disagree"
             assert sum(e.on_ssd for e in committed) == len(t.ssd_policy), "SSD policy"
-            in_reservations = sum(len(r.entries) for r in self._reservations.values())
-            assert len(reserved) == in_reservations, "reserved entries without a reservation"
+            assert len(reserved) == self._num_reserved(), "reserved entries without a reservation"
             leased = [e for lease in self._leases.values() for e in lease.entries]
             stale = {id(e) for e in leased if e.stale_slot is not None}
             assert not any(e.is_demoting for e in self._index), "demotion left a pin"
@@ -450,6 +449,9 @@ class Store:
         if entry is None:
             return PutStatus.RESERVED
         return PutStatus.PRESENT if entry.is_readable else PutStatus.IN_FLIGHT
+
+    def _num_reserved(self) -> int:
+        return sum(len(r.entries) for r in self._reservations.values())
 
     def _view(self, entry: Entry) -> memoryview:
         assert entry.slot is not None, "reserved entries live in DRAM"
