@@ -313,22 +313,37 @@ class Tiering:
         if used + needed <= self.config.ssd_high_watermark * cap:
             return []
         target = self.config.ssd_low_watermark * cap - needed
-        delete = []
-        for key in list(self.ssd_policy.candidates()):
-            if used <= target:
+        delete: list[bytes] = []
+        while used > target:
+            victims = self._ssd_victims(used - target)
+            if not victims:
+                break
+            for entry in victims:
+                self._give_up_ssd_copy(entry)
+                delete.append(entry.key)
+                used -= entry.nbytes
+        return delete
+
+    def _ssd_victims(self, nbytes: float) -> list[Entry]:
+        """Evictable SSD entries in policy order, enough to free `nbytes` (one pass)."""
+        victims = []
+        for key in self.ssd_policy.candidates():
+            if nbytes <= 0:
                 break
             entry = self.index.get(key)
-            assert entry is not None and entry.on_ssd
-            if entry.num_leases:
-                continue
-            self.ssd_policy.remove(key)
-            entry.on_ssd = False
-            if entry.slot is None:
-                self.index.pop(key)
-                self.counters.drops += 1
-            delete.append(key)
-            used -= entry.nbytes
-        return delete
+            assert entry is not None and entry.on_ssd, "SSD policy is stale"
+            if entry.num_leases == 0:
+                victims.append(entry)
+                nbytes -= entry.nbytes
+        return victims
+
+    def _give_up_ssd_copy(self, entry: Entry) -> None:
+        """Forgets the SSD copy (the caller deletes the record); drops a block left nowhere."""
+        self.ssd_policy.remove(entry.key)
+        entry.on_ssd = False
+        if entry.slot is None:
+            self.index.pop(entry.key)
+            self.counters.drops += 1
 
     def _demote_forever(self) -> None:
         while True:
