@@ -1,0 +1,321 @@
+"""Suite `dataplane`: put and get throughput and latency, kvstore against its limits and peers.
+
+One run, one machine, every peer in its own process: memcpy (the limit), a raw TCP socket,
+raw ucxx (the transport limit; also restricted to TCP), kvstore over UCX, over UCX
+restricted to TCP (`UCX_TLS=tcp`, as across hosts) and over gRPC, Redis (redis-py pipeline,
+how LMCache's Redis backend moves KV) and Mooncake Store over TCP (the `peers` extra).
+Each row times `reps` batches of `batch` blocks; the targets are ratios within the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from bench import dataplane_peers as peers
+from bench.report import Row, print_table, progress_bar
+from bench.suites import SuiteOptions
+
+BLOCK_BYTES = (256 << 10, 1 << 20, 4 << 20)
+BATCHES = (1, 64)
+OPS = ("put", "get")
+SYSTEMS = (
+    "memcpy", "tcp-socket", "ucxx-raw", "ucxx-raw-tcp", "kvstore-ucx",
+    "kvstore-ucx-tcp", "kvstore-grpc", "redis", "mooncake",
+)  # fmt: skip
+# UCX over TCP, tuned: bigger segments and more rendezvous lanes than the defaults.
+UCX_TCP_ENV = {"UCX_TLS": "tcp", "UCX_TCP_TX_SEG_SIZE": "512k", "UCX_TCP_RX_SEG_SIZE": "512k"}
+TARGETS = (  # (what, numerator system, op, denominator system, op, at least)
+    ("kvstore UCX get / Mooncake batch get", "kvstore-ucx", "get", "mooncake", "get", 4.0),
+    ("kvstore UCX get / Redis GET", "kvstore-ucx", "get", "redis", "get", 8.0),
+    ("kvstore UCX get / raw ucxx", "kvstore-ucx", "get", "ucxx-raw", "get", 0.6),
+    ("kvstore UCX put / Mooncake put", "kvstore-ucx", "put", "mooncake", "put", 4.0),
+    ("kvstore UCX-tcp get / raw TCP socket", "kvstore-ucx-tcp", "get", "tcp-socket", "get", 0.7),
+    ("kvstore UCX-tcp get / raw ucxx tcp", "kvstore-ucx-tcp", "get", "ucxx-raw-tcp", "get", 0.8),
+    ("kvstore UCX-tcp put / raw ucxx tcp", "kvstore-ucx-tcp", "put", "ucxx-raw-tcp", "put", 0.8),
+)
+
+
+def _cells() -> list[peers.Cell]:
+    return [(op, size, batch) for size in BLOCK_BYTES for batch in BATCHES for op in OPS]
+
+
+def _reps(size: int, batch: int, quick: bool) -> int:
+    """Enough batches for ~256 MiB (quick: ~48 MiB) per row, at least 5 (quick: 3)."""
+    budget = (48 << 20) if quick else (256 << 20)
+    floor, cap = (3, 20) if quick else (5, 100)
+    return int(min(cap, max(floor, budget // (size * batch))))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def _env(extra: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _spawn(target: Callable[..., Any], *args: Any, env: dict[str, str] | None = None) -> Any:
+    with _env(env or {}):
+        proc = mp.get_context("spawn").Process(target=target, args=args, daemon=True)
+        proc.start()
+    return proc
+
+
+def _drive(fn: Callable[..., Any], *args: Any, env: dict[str, str] | None = None) -> Any:
+    """Runs a driver in a fresh spawned process (its own UCX settings) and returns its result."""
+    with _env(env or {}), mp.get_context("spawn").Pool(1) as pool:
+        return pool.apply(fn, args)
+
+
+def _times_by_cell(fn: Callable[[list[peers.Cell], int], Any], quick: bool) -> dict:
+    out: dict = {}
+    for cell in _cells():
+        out.update(fn([cell], _reps(cell[1], cell[2], quick)))
+    return out
+
+
+# -- systems -------------------------------------------------------------------------------
+
+
+def _run_memcpy(quick: bool) -> dict:
+    return _times_by_cell(lambda cells, reps: _drive(peers.drive_memcpy, cells, reps), quick)
+
+
+def _run_tcp(quick: bool) -> dict:
+    port_q = mp.get_context("spawn").Queue()
+    server = _spawn(peers.serve_tcp, port_q)
+    port = port_q.get(timeout=30)
+    try:
+        reps = {c: _reps(c[1], c[2], quick) for c in _cells()}
+        return _drive(_drive_cells, "tcp", port, reps)
+    finally:
+        server.kill()
+
+
+def _run_ucxx(quick: bool, env: dict[str, str]) -> dict:
+    addr_q = mp.get_context("spawn").Queue()
+    server = _spawn(peers.serve_ucxx, addr_q, env=env)
+    address = addr_q.get(timeout=60)
+    try:
+        reps = {c: _reps(c[1], c[2], quick) for c in _cells()}
+        return _drive(_drive_cells, "ucxx", address, reps, env=env)
+    finally:
+        server.kill()
+
+
+def _drive_cells(kind: str, target: Any, reps: dict) -> dict:
+    """In one driver process, times every cell against one peer."""
+    return _per_cell_tcp(target, reps) if kind == "tcp" else _per_cell_ucxx(target, reps)
+
+
+def _per_cell_tcp(port: int, reps: dict) -> dict:
+    out = {}
+    for cell, n in reps.items():
+        out.update(peers.drive_tcp(port, [cell], n))
+    return out
+
+
+def _per_cell_ucxx(address: bytes, reps: dict) -> dict:
+    # One connection for all cells: the raw server serves one client.
+    cells = list(reps)
+    times = peers.drive_ucxx(address, cells, max(reps.values()))
+    return {c: times[c][: reps[c]] for c in cells}
+
+
+@contextlib.contextmanager
+def _kvstore_server(env: dict[str, str], dataplane: str) -> Iterator[str]:
+    port = _free_port()
+    cmd = [
+        sys.executable, "-m", "kvstore.cli", "--log-level", "WARNING", "serve",
+        "--port", str(port), "--dram-bytes", "2GiB", "--slab-bytes", "4MiB",
+        "--max-message-bytes", "64MiB", "--dataplane", dataplane,
+    ]  # fmt: skip
+    with _env(env):
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        from kvstore.client import Client
+
+        with Client(f"127.0.0.1:{port}") as client:
+            client.wait_ready(timeout_s=60)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+        proc.kill()
+
+
+def _run_kvstore(quick: bool, transport: str, env: dict[str, str]) -> dict:
+    with _kvstore_server(env, "ucx" if transport == "ucx" else "none") as address:
+        reps = {c: _reps(c[1], c[2], quick) for c in _cells()}
+        return _drive(_kvstore_cells, address, transport, reps, env=env)
+
+
+def _kvstore_cells(address: str, transport: str, reps: dict) -> dict:
+    out = {}
+    for cell, n in reps.items():
+        out.update(peers.drive_kvstore(address, transport, [cell], n))
+    return out
+
+
+def _run_redis(quick: bool) -> dict:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("redis-server not found")
+    port = _free_port()
+    cmd = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_port(port)
+        reps = {c: _reps(c[1], c[2], quick) for c in _cells()}
+        return _drive(_redis_cells, port, reps)
+    finally:
+        proc.kill()
+
+
+def _redis_cells(port: int, reps: dict) -> dict:
+    out = {}
+    for cell, n in reps.items():
+        out.update(peers.drive_redis(port, [cell], n))
+    return out
+
+
+def _wait_port(port: int, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def _run_mooncake(quick: bool) -> dict:
+    import importlib.util
+
+    if importlib.util.find_spec("mooncake") is None:
+        raise RuntimeError("absent: pip install 'kvstore[peers]'")
+    binary = shutil.which("mooncake_master") or os.path.join(
+        os.path.dirname(sys.executable), "mooncake_master"
+    )
+    rpc, http = _free_port(), _free_port()
+    cmd = [
+        binary, f"--rpc_port={rpc}", "--enable_http_metadata_server=true",
+        f"--http_metadata_server_port={http}", "--http_metadata_server_host=127.0.0.1",
+        f"--metrics_port={_free_port()}",
+    ]  # fmt: skip
+    master = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    store = None
+    try:
+        _wait_port(rpc)
+        _wait_port(http)
+        args = (f"127.0.0.1:{rpc}", f"http://127.0.0.1:{http}/metadata")
+        ready = mp.get_context("spawn").Queue()
+        store = _spawn(peers.serve_mooncake, *args, ready)
+        ready.get(timeout=60)
+        reps = {c: _reps(c[1], c[2], quick) for c in _cells()}
+        return _drive(_mooncake_cells, *args, reps)
+    finally:
+        if store is not None:
+            store.kill()
+        master.kill()
+
+
+def _mooncake_cells(master: str, metadata: str, reps: dict) -> dict:
+    cells = list(reps)
+    times = peers.drive_mooncake(master, metadata, cells, max(reps.values()))
+    return {c: times[c][: reps[c]] for c in cells}
+
+
+RUNNERS: dict[str, Callable[[bool], dict]] = {
+    "memcpy": _run_memcpy,
+    "tcp-socket": _run_tcp,
+    "ucxx-raw": lambda q: _run_ucxx(q, {}),
+    "ucxx-raw-tcp": lambda q: _run_ucxx(q, UCX_TCP_ENV),
+    "kvstore-ucx": lambda q: _run_kvstore(q, "ucx", {}),
+    "kvstore-ucx-tcp": lambda q: _run_kvstore(q, "ucx", UCX_TCP_ENV),
+    "kvstore-grpc": lambda q: _run_kvstore(q, "grpc", {}),
+    "redis": _run_redis,
+    "mooncake": _run_mooncake,
+}
+
+
+# -- rows ----------------------------------------------------------------------------------
+
+
+def _row(system: str, cell: peers.Cell, times: list[float] | None, note: str = "") -> Row:
+    op, size, batch = cell
+    row: Row = {"system": system, "op": op, "block_bytes": size, "batch": batch}
+    if times:
+        row |= {
+            "gbps": size * batch * len(times) / sum(times) / 1e9,
+            "p50_ms": statistics.median(times) * 1e3,
+            "p99_ms": float(np.percentile(times, 99)) * 1e3,
+        }
+    else:
+        row |= {"gbps": None, "p50_ms": None, "p99_ms": None}
+    if note:
+        row["note"] = note
+    return row
+
+
+def _rows_of(system: str, quick: bool) -> list[Row]:
+    try:
+        times = RUNNERS[system](quick)
+    except Exception as exc:
+        note = f"{type(exc).__name__}: {exc}"[:120]
+        return [_row(system, cell, None, note) for cell in _cells()]
+    return [_row(system, cell, times.get(cell)) for cell in _cells()]
+
+
+def _ratios(rows: list[Row]) -> list[Row]:
+    def gbps(system: str, op: str) -> float | None:
+        for r in rows:
+            if (r["system"], r["op"], r["block_bytes"], r["batch"]) == (system, op, 1 << 20, 64):
+                return r["gbps"]  # type: ignore[return-value]
+        return None
+
+    out = []
+    for what, num, num_op, den, den_op, target in TARGETS:
+        a, b = gbps(num, num_op), gbps(den, den_op)
+        ratio = a / b if a and b else None
+        out.append({"target (1 MiB x 64)": what, "ratio": ratio, "at_least": target,
+                    "met": None if ratio is None else ratio >= target})  # fmt: skip
+    return out
+
+
+def run(options: SuiteOptions) -> list[Row]:
+    """Measures every system; prints the target ratios; returns one row per measurement."""
+    rows: list[Row] = []
+    with progress_bar("dataplane", total=len(SYSTEMS)) as advance:
+        for system in SYSTEMS:
+            rows.extend(_rows_of(system, options.quick))
+            advance(1)
+    print_table(_ratios(rows), title="dataplane targets (ratios within this run)")
+    return rows

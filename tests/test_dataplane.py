@@ -1,0 +1,157 @@
+"""The UCX data plane against real `kvstore serve` processes: same bytes as the gRPC path,
+zero-copy into numpy/torch buffers, typed errors, nothing committed from a bad payload."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvstore import errors
+from kvstore.client import Client
+from kvstore.dataplane import ChecksumMismatchError, ucx_client
+from kvstore.dataplane.buffers import TransferBuffer
+from kvstore.dataplane.frames import Op, Request
+from kvstore.keys import KVLayout, Namespace, block_keys
+
+pytest.importorskip("ucxx")
+
+NS = Namespace("llama-dp", KVLayout("float16", 4, 2, 64, 16))  # 32 KiB blocks
+
+
+def _chain(n: int, seed: int = 0) -> list[bytes]:
+    return block_keys(NS, np.arange(n * NS.block_tokens) + seed * 1_000_000)
+
+
+def _blocks(n: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, NS.block_bytes, dtype=np.uint8) for _ in range(n)]
+
+
+def _client(store, transport: str) -> Client:
+    client = Client(store.address, timeout_s=10.0, transport=transport)
+    client.register_namespace(NS)
+    return client
+
+
+@pytest.fixture
+def ucx(store):
+    with _client(store, "ucx") as client:
+        yield client
+
+
+@pytest.fixture
+def grpc_client(store):
+    with _client(store, "grpc") as client:
+        yield client
+
+
+def _check_clean(client: Client) -> None:
+    stats = client.stats()
+    assert (stats.num_reservations, stats.num_leases) == (0, 0)
+
+
+@pytest.mark.parametrize(("writer", "reader"), [("ucx", "grpc"), ("grpc", "ucx"), ("ucx", "ucx")])
+def test_both_paths_move_identical_bytes(ucx, grpc_client, writer, reader):
+    clients = {"ucx": ucx, "grpc": grpc_client}
+    keys, blocks = _chain(8, seed=1), _blocks(8, seed=1)
+    assert clients[writer].put_chain(NS.id, keys, blocks).num_stored == 8
+    out = [np.zeros(NS.block_bytes, np.uint8) for _ in keys]
+    assert clients[reader].get_into(NS.id, keys, out) == (True,) * 8
+    got_grpc = grpc_client.get(NS.id, keys).blocks
+    for block, mine, theirs in zip(blocks, out, got_grpc, strict=True):
+        assert bytes(block) == bytes(mine) == bytes(theirs)  # type: ignore[arg-type]
+    assert ucx.data_plane() is not None and grpc_client.data_plane() is None
+    _check_clean(ucx)
+
+
+def test_miss_leaves_buffer_untouched_and_hits_land_in_place(ucx):
+    keys, blocks = _chain(3, seed=2), _blocks(3, seed=2)
+    ucx.put_chain(NS.id, keys[:2], blocks[:2])
+    out = [np.full(NS.block_bytes, 7, np.uint8) for _ in keys]
+    pointers = [a.ctypes.data for a in out]
+    assert ucx.get_into(NS.id, keys, out) == (True, True, False)
+    assert [a.ctypes.data for a in out] == pointers
+    assert bytes(out[0]) == bytes(blocks[0]) and bytes(out[1]) == bytes(blocks[1])
+    assert (out[2] == 7).all()
+
+
+def test_typed_buffers_bytearray_and_shaped_arrays(ucx):
+    keys, blocks = _chain(2, seed=3), _blocks(2, seed=3)
+    ucx.put(NS.id, keys, [blocks[0].view(np.float16).reshape(64, -1), bytearray(blocks[1])])
+    out = [bytearray(NS.block_bytes), np.zeros((16, NS.block_bytes // 32), np.float16)]
+    assert ucx.get_into(NS.id, keys, out) == (True, True)
+    assert bytes(out[0]) == bytes(blocks[0]) and out[1].tobytes() == bytes(blocks[1])
+
+
+def test_torch_tensors_cpu(ucx):
+    torch = pytest.importorskip("torch")
+    keys = _chain(2, seed=4)
+    src = [torch.randn(NS.block_bytes // 2).to(torch.bfloat16) for _ in keys]
+    ucx.put(NS.id, keys, src)
+    out = [torch.empty(NS.block_bytes // 2, dtype=torch.bfloat16) for _ in keys]
+    assert ucx.get_into(NS.id, keys, out) == (True, True)
+    assert all(torch.equal(a, b) for a, b in zip(src, out, strict=True))
+
+
+def test_wrong_buffer_size_is_rejected_and_store_keeps_serving(ucx):
+    keys = _chain(2, seed=5)
+    with pytest.raises(errors.PayloadSizeError):
+        ucx.get_into(NS.id, keys, [np.zeros(NS.block_bytes + 1, np.uint8)] * 2)
+    with pytest.raises(errors.PayloadSizeError):
+        ucx.put(NS.id, keys, [np.zeros(NS.block_bytes + 8, np.uint8)] * 2)
+    with pytest.raises(errors.InvalidArgumentError):
+        ucx.get_into(NS.id, keys, [np.zeros(NS.block_bytes, np.uint8)[::2]] * 2)
+    assert ucx.put_chain(NS.id, keys, _blocks(2)).num_stored == 2
+    _check_clean(ucx)
+
+
+def test_wrong_checksum_is_never_committed(ucx, monkeypatch):
+    keys = _chain(4, seed=6)
+    monkeypatch.setattr(ucx_client, "_crc32", lambda buf: 12345)
+    with pytest.raises(ChecksumMismatchError, match="nothing committed"):
+        ucx.put_chain(NS.id, keys, _blocks(4, seed=6))
+    assert ucx.match(NS.id, keys).num_matched == 0
+    _check_clean(ucx)
+
+
+def test_short_payload_is_never_committed(ucx):
+    """A sender that declares full blocks but sends fewer bytes: the crc32 catches it."""
+    keys, blocks = _chain(2, seed=7), _blocks(2, seed=7)
+    dataplane = ucx.data_plane()
+    assert isinstance(dataplane, ucx_client.UcxClient)
+    checksums = tuple(int(np.uint32(ucx_client.zlib.crc32(b))) for b in blocks)
+    req = Request(Op.PUT, 10_000, NS.id, tuple(keys), NS.block_bytes, None, checksums)
+    short = [TransferBuffer(memoryview(b)[:-100], NS.block_bytes - 100, False) for b in blocks]
+    with pytest.raises(ChecksumMismatchError):
+        dataplane._submit(dataplane._put(req, short)).result()
+    assert ucx.match(NS.id, keys).num_matched == 0
+    _check_clean(ucx)
+
+
+def test_pipelined_batches_all_complete(ucx):
+    keys, blocks = _chain(32, seed=8), _blocks(32, seed=8)
+    ucx.put_chain(NS.id, keys, blocks)
+    dataplane = ucx.data_plane()
+    assert isinstance(dataplane, ucx_client.UcxClient)
+    outs = [[np.zeros(NS.block_bytes, np.uint8) for _ in keys] for _ in range(6)]
+    big = [dataplane.submit_get_into(NS.id, keys, out, NS.block_bytes) for out in outs[:5]]
+    small_out = outs[5][:1]
+    small = dataplane.submit_get_into(NS.id, keys[:1], small_out, NS.block_bytes)
+    assert small.result(timeout=10) == (True,)
+    assert all(f.result(timeout=10) == (True,) * 32 for f in big)
+    assert all(bytes(o[i]) == bytes(blocks[i]) for o in outs[:5] for i in range(32))
+    _check_clean(ucx)
+
+
+def test_ucx_transport_without_data_plane_raises(store_factory):
+    store = store_factory("--dataplane", "none")
+    with Client(store.address, timeout_s=5.0, transport="ucx") as client:
+        client.register_namespace(NS)
+        with pytest.raises(errors.UnavailableError):
+            client.put(NS.id, _chain(1), _blocks(1))
+    with Client(store.address, timeout_s=5.0) as client:  # auto falls back to gRPC
+        client.register_namespace(NS)
+        assert client.put(NS.id, _chain(1), _blocks(1)).num_stored == 1
+        out = [np.zeros(NS.block_bytes, np.uint8)]
+        assert client.get_into(NS.id, _chain(1), out) == (True,)
+        assert client.data_plane() is None

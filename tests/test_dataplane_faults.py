@@ -1,0 +1,141 @@
+"""Faults and concurrency on the UCX data plane, with real processes on both ends."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from kvstore import errors
+from kvstore.client import Client
+from kvstore.keys import KVLayout, Namespace, block_keys
+from tests.conftest import start_store
+
+pytest.importorskip("ucxx")
+
+NS = Namespace("llama-faults", KVLayout("float16", 8, 8, 128, 16))  # 512 KiB blocks
+NUM_PROCS = 8
+
+
+def _chain(n: int, seed: int) -> list[bytes]:
+    return block_keys(NS, np.arange(n * NS.block_tokens) + seed * 1_000_000)
+
+
+def _block(seed: int, i: int) -> np.ndarray:
+    return np.full(NS.block_bytes, (seed * 31 + i) % 251, np.uint8)
+
+
+def _wait_for(predicate: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met before the deadline"
+        time.sleep(0.05)
+
+
+def _worker(address: str, seed: int, rounds: int) -> None:
+    """One of many client processes: puts its own chain, reads it back byte for byte."""
+    with Client(address, timeout_s=30.0, transport="ucx") as client:
+        client.register_namespace(NS)
+        keys = _chain(8, seed)
+        client.put_chain(NS.id, keys, [_block(seed, i) for i in range(8)])
+        out = [np.zeros(NS.block_bytes, np.uint8) for _ in keys]
+        for _ in range(rounds):
+            assert client.get_into(NS.id, keys, out) == (True,) * 8
+            assert all((o == _block(seed, i)).all() for i, o in enumerate(out))
+
+
+def test_eight_client_processes_at_once(store_factory):
+    store = store_factory("--dram-bytes", "256MiB", "--slab-bytes", "1MiB")
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_worker, args=(store.address, s, 4)) for s in range(NUM_PROCS)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert [p.exitcode for p in procs] == [0] * NUM_PROCS
+    with Client(store.address, timeout_s=10.0) as client:
+        assert client.stats().num_blocks == 8 * NUM_PROCS
+        assert (client.stats().num_leases, client.stats().num_reservations) == (0, 0)
+
+
+_HAMMER = """
+import sys, numpy as np
+from kvstore.client import Client
+from tests.test_dataplane_faults import NS, _chain, _block
+client = Client(sys.argv[1], timeout_s=30.0, transport="ucx")
+client.register_namespace(NS)
+keys = _chain(32, 50)
+client.put_chain(NS.id, keys, [_block(50, i) for i in range(32)])
+out = [np.zeros(NS.block_bytes, np.uint8) for _ in keys]
+print("ready", flush=True)
+n = 0
+while True:
+    n += 1
+    if sys.argv[2] == "get":
+        client.get_into(NS.id, keys, out)
+    else:
+        client.put(NS.id, _chain(32, 1000 + n), [_block(n, i) for i in range(32)])
+"""
+
+
+@pytest.mark.parametrize("op", ["get", "put"])
+def test_client_killed_mid_transfer_leaves_nothing_behind(store_factory, op):
+    store = store_factory(
+        "--dram-bytes", "512MiB", "--slab-bytes", "1MiB", "--lease-timeout-s", "2",
+        "--reservation-timeout-s", "2", "--transfer-timeout-s", "2",
+        "--expire-interval-s", "0.2",
+    )  # fmt: skip
+    cmd = [sys.executable, "-c", _HAMMER, store.address, op]
+    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    lines = iter(child.stdout.readline, "")
+    assert any(line.strip() == "ready" for line in lines), "hammer client did not start"
+    with Client(store.address, timeout_s=10.0) as client:
+        _wait_for(lambda: client.stats().bytes_read + client.stats().bytes_written > 64 << 20)
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        _wait_for(lambda: client.stats().num_leases + client.stats().num_reservations == 0)
+        client.register_namespace(NS)
+        keys = _chain(2, 77)
+        assert client.put_chain(NS.id, keys, [_block(77, 0), _block(77, 1)]).num_stored == 2
+    with Client(store.address, timeout_s=10.0, transport="ucx") as fresh:
+        out = [np.zeros(NS.block_bytes, np.uint8) for _ in keys]
+        assert fresh.get_into(NS.id, keys, out) == (True, True)
+        assert (out[1] == _block(77, 1)).all()
+
+
+def test_server_killed_mid_get_gives_typed_error(tmp_path):
+    store = start_store(tmp_path, "--dram-bytes", "256MiB", "--slab-bytes", "1MiB")
+    client = Client(store.address, timeout_s=3.0, transport="ucx")
+    client.register_namespace(NS)
+    keys = _chain(32, 9)
+    client.put_chain(NS.id, keys, [_block(9, i) for i in range(32)])
+    out = [np.zeros(NS.block_bytes, np.uint8) for _ in keys]
+    failures: list[BaseException] = []
+    started = threading.Event()
+
+    def hammer() -> None:
+        try:
+            while True:
+                client.get_into(NS.id, keys, out)
+                started.set()
+        except BaseException as exc:
+            failures.append(exc)
+
+    thread = threading.Thread(target=hammer, daemon=True)
+    thread.start()
+    assert started.wait(timeout=30)
+    store.proc.send_signal(signal.SIGKILL)
+    thread.join(timeout=30)
+    assert not thread.is_alive(), "get_into hung after the server died"
+    assert len(failures) == 1
+    assert isinstance(failures[0], errors.DeadlineExceededError | errors.UnavailableError)
+    client.close()
+    store.proc.wait()
