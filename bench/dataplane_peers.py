@@ -62,23 +62,29 @@ def _recv_into(sock: socket.socket, view: memoryview) -> None:
 
 def serve_tcp(port_queue: Any) -> None:
     """Raw TCP peer: 'G' sends batch blocks, 'P' receives them and acks one byte."""
+    buf = memoryview(np.ones(64 << 22, np.uint8))
     with socket.create_server(("127.0.0.1", 0)) as server:
         port_queue.put(server.getsockname()[1])
-        conn, _ = server.accept()
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        buf = memoryview(np.ones(64 << 22, np.uint8))
-        head = bytearray(_REQ.size)
-        while True:
-            try:
-                _recv_into(conn, memoryview(head))
-            except ConnectionError:
-                return
-            op, batch, size = _REQ.unpack(head)
-            for i in range(batch):
-                block = buf[i * size : (i + 1) * size]
-                conn.sendall(block) if op == b"G" else _recv_into(conn, block)
-            if op == b"P":
-                conn.sendall(b"k")
+        while True:  # one connection per driver cell
+            conn, _ = server.accept()
+            with conn:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                _serve_tcp_conn(conn, buf)
+
+
+def _serve_tcp_conn(conn: socket.socket, buf: memoryview) -> None:
+    head = bytearray(_REQ.size)
+    while True:
+        try:
+            _recv_into(conn, memoryview(head))
+        except ConnectionError:
+            return
+        op, batch, size = _REQ.unpack(head)
+        for i in range(batch):
+            block = buf[i * size : (i + 1) * size]
+            conn.sendall(block) if op == b"G" else _recv_into(conn, block)
+        if op == b"P":
+            conn.sendall(b"k")
 
 
 def drive_tcp(port: int, cells: list[Cell], reps: int) -> dict[Cell, list[float]]:
