@@ -113,8 +113,115 @@ class PrefixLRUPolicy(LRUPolicy):
         return (key for key in self._order if not self._children[key])
 
 
+class _Chains:
+    """Parent/child links among tracked keys; a key none of whose children is stored is a tail."""
+
+    def __init__(self) -> None:
+        self._parent: dict[bytes, bytes] = {}
+        self._children: dict[bytes, set[bytes]] = {}
+
+    def link(self, key: bytes, parent: bytes | None) -> None:
+        self._children.setdefault(key, set())
+        if parent is not None and parent in self._children:
+            self._parent[key] = parent
+            self._children[parent].add(key)
+
+    def unlink(self, key: bytes) -> None:
+        # Children of a removed key are unreachable by prefix; they become roots here.
+        for child in self._children.pop(key):
+            del self._parent[child]
+        parent = self._parent.pop(key, None)
+        if parent is not None:
+            self._children[parent].discard(key)
+
+    def is_tail(self, key: bytes) -> bool:
+        return not self._children[key]
+
+
+class Prefix2QPolicy(EvictionPolicy):
+    """2Q over chain tails: a block earns protection by its second use.
+
+    Three lists, every candidate a chain tail so prefixes stay reachable:
+
+    - probation, oldest first: blocks used once (inserted, never hit since). Among them the
+      *dead ends* go first: leaves that no request has extended or read, typically a
+      prompt's last block, whose next request rarely shares it.
+    - protected, least recent first: blocks hit at least once, or inserted again soon after
+      they were evicted from probation (the ghost list remembers those keys, not bytes).
+    - ghost: keys evicted from probation, the most recent `GHOST_FACTOR * len(self)`.
+
+    While probation holds over `PROBATION_FRACTION` of the blocks it gives the victims,
+    otherwise protected does. So a burst of blocks used once (a scan of new prompts) cannot
+    flush blocks that proved reusable, and a block whose reuse came after its eviction is
+    admitted straight to protected the next time. Dead ends are not worth a demotion.
+    """
+
+    PROBATION_FRACTION = 0.25
+    GHOST_FACTOR = 2.0
+
+    def __init__(self) -> None:
+        self._probation: OrderedDict[bytes, None] = OrderedDict()  # oldest first
+        self._dead_ends: OrderedDict[bytes, None] = OrderedDict()  # subset of probation
+        self._protected: OrderedDict[bytes, None] = OrderedDict()  # least recent first
+        self._ghost: OrderedDict[bytes, None] = OrderedDict()  # oldest first
+        self._chains = _Chains()
+
+    def insert(self, key: bytes, parent: bytes | None) -> None:
+        self._chains.link(key, parent)
+        if self._ghost.pop(key, 0) is None:
+            self._protected[key] = None
+        else:
+            self._probation[key] = None
+            self._dead_ends[key] = None
+        if parent is not None:
+            self._dead_ends.pop(parent, None)
+            self._refresh(parent)  # the parent after its child, so the tail goes first
+
+    def touch(self, keys: Sequence[bytes]) -> None:
+        for key in reversed(keys):  # tail first: the root ends up the most recent
+            self._dead_ends.pop(key, None)
+            if self._probation.pop(key, 0) is None:
+                self._protected[key] = None
+            elif key in self._protected:
+                self._protected.move_to_end(key)
+
+    def remove(self, key: bytes) -> None:
+        if key not in self._chains._children:
+            return
+        self._chains.unlink(key)
+        self._dead_ends.pop(key, None)
+        self._protected.pop(key, None)
+        if self._probation.pop(key, 0) is None:
+            self._ghost[key] = None
+            while len(self._ghost) > self.GHOST_FACTOR * len(self):
+                self._ghost.popitem(last=False)
+
+    def candidates(self) -> Iterator[bytes]:
+        yield from self._dead_ends
+        first, second = self._probation, self._protected
+        if len(self._probation) <= self.PROBATION_FRACTION * len(self):
+            first, second = second, first
+        for segment in (first, second):
+            yield from (k for k in segment if self._is_candidate(k))
+
+    def should_demote(self, key: bytes) -> bool:
+        """Demotes every block but a dead end (a leaf never extended nor read)."""
+        return key not in self._dead_ends
+
+    def __len__(self) -> int:
+        return len(self._probation) + len(self._protected)
+
+    def _is_candidate(self, key: bytes) -> bool:
+        return key not in self._dead_ends and self._chains.is_tail(key)  # dead ends went first
+
+    def _refresh(self, key: bytes) -> None:
+        for segment in (self._probation, self._protected):
+            if key in segment:
+                segment.move_to_end(key)
+
+
 POLICIES: MappingProxyType[str, type[EvictionPolicy]] = MappingProxyType(
-    {"lru": LRUPolicy, "prefix-lru": PrefixLRUPolicy}
+    {"lru": LRUPolicy, "prefix-lru": PrefixLRUPolicy, "prefix-2q": Prefix2QPolicy}
 )
 
 

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from kvstore.policy import POLICIES, EvictionPolicy, LRUPolicy, PrefixLRUPolicy, make_policy
+from kvstore.policy import (
+    POLICIES,
+    EvictionPolicy,
+    LRUPolicy,
+    Prefix2QPolicy,
+    PrefixLRUPolicy,
+    make_policy,
+)
 
 
 def _make_policy(name: str, chains: list[list[bytes]] | None = None) -> EvictionPolicy:
@@ -205,7 +212,11 @@ def test_remove_twice_is_a_no_op(name: str) -> None:
 
 
 def test_registry_names() -> None:
-    assert dict(POLICIES) == {"lru": LRUPolicy, "prefix-lru": PrefixLRUPolicy}
+    assert dict(POLICIES) == {
+        "lru": LRUPolicy,
+        "prefix-lru": PrefixLRUPolicy,
+        "prefix-2q": Prefix2QPolicy,
+    }
 
 
 def test_registry_is_read_only() -> None:
@@ -226,7 +237,9 @@ def test_make_policy_returns_a_fresh_instance(name: str) -> None:
 def test_make_policy_unknown_name_lists_known(name: str) -> None:
     with pytest.raises(KeyError) as exc:
         make_policy(name)
-    assert exc.value.args[0] == f"unknown policy {name!r}; known: ['lru', 'prefix-lru']"
+    assert (
+        exc.value.args[0] == f"unknown policy {name!r}; known: ['lru', 'prefix-2q', 'prefix-lru']"
+    )
 
 
 # --- shared contract ----------------------------------------------------------------------------

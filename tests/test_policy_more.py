@@ -1,0 +1,73 @@
+"""The frequency-aware policies: exact victim orders after each mutation."""
+
+from __future__ import annotations
+
+from kvstore.policy import POLICIES, Prefix2QPolicy, make_policy
+
+
+def _chain(policy: Prefix2QPolicy) -> None:
+    """a -> b -> c, and a lone root d."""
+    policy.insert(b"a", None)
+    policy.insert(b"b", b"a")
+    policy.insert(b"c", b"b")
+    policy.insert(b"d", None)
+
+
+def test_prefix_2q_is_registered() -> None:
+    assert POLICIES["prefix-2q"] is Prefix2QPolicy
+    assert isinstance(make_policy("prefix-2q"), Prefix2QPolicy)
+
+
+def test_dead_ends_go_first_and_are_not_demoted() -> None:
+    policy = Prefix2QPolicy()
+    _chain(policy)
+    assert list(policy.candidates()) == [b"c", b"d"]  # a and b have a stored child
+    assert [policy.should_demote(k) for k in (b"a", b"b", b"c", b"d")] == [True, True, False, False]
+
+
+def test_a_hit_protects_and_a_tail_becomes_a_candidate_after_its_child_goes() -> None:
+    policy = Prefix2QPolicy()
+    _chain(policy)
+    policy.touch([b"a", b"b"])  # a and b used twice: protected; c, d stay on probation
+    assert list(policy.candidates()) == [b"c", b"d"]
+    policy.remove(b"c")
+    # d (dead end) first; probation holds 1 of 3 blocks (> 25%), then protected: b, not a.
+    assert list(policy.candidates()) == [b"d", b"b"]
+    assert len(policy) == 3
+
+
+def test_a_block_back_from_the_ghost_list_is_protected() -> None:
+    policy = Prefix2QPolicy()
+    _chain(policy)
+    policy.touch([b"a", b"b"])
+    policy.remove(b"c")  # from probation: remembered in the ghost list
+    policy.insert(b"c", b"b")  # used again: protected, tail-first order a, c, b
+    assert policy.should_demote(b"c")
+    # probation (d) is 1 of 4 blocks (<= 25%): protected gives victims first; a and b have
+    # children, d went first as a dead end.
+    assert list(policy.candidates()) == [b"d", b"c"]
+    policy.remove(b"d")
+    assert list(policy.candidates()) == [b"c"]
+
+
+def test_new_blocks_stay_on_probation_and_go_oldest_first() -> None:
+    policy = Prefix2QPolicy()
+    for key in (b"x", b"y", b"z"):
+        policy.insert(key, None)
+    policy.touch([b"x"])  # x: protected; y and z: dead ends
+    policy.insert(b"w", b"y")  # y is extended: no longer a dead end, and not a tail
+    assert list(policy.candidates()) == [b"z", b"w", b"x"]
+
+
+def test_ghost_list_is_bounded_and_remove_is_idempotent() -> None:
+    policy = Prefix2QPolicy()
+    for i in range(10):
+        policy.insert(bytes([i]), None)
+    for i in range(9):
+        policy.remove(bytes([i]))
+    policy.remove(b"unknown")
+    assert len(policy) == 1
+    assert len(policy._ghost) == 2  # GHOST_FACTOR * one tracked block
+    policy.insert(bytes([8]), None)  # still remembered: protected
+    policy.insert(bytes([0]), None)  # forgotten: probation, a dead end
+    assert list(policy.candidates()) == [bytes([9]), bytes([0]), bytes([8])]
