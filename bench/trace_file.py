@@ -1,0 +1,82 @@
+"""Mooncake-format traces: one JSON request per line, and how hits are weighted in tokens.
+
+A line is ``{"timestamp": ms, "input_length": n, "output_length": m, "hash_ids": [...]}``,
+one hash id per 512-token block of the prompt; equal ids at the same position are the same
+prefix block. A simulation reports, per request, how many blocks from the first it hit
+(`num_hit`); a weighting turns those counts into a hit ratio.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from itertools import accumulate
+from pathlib import Path
+from types import MappingProxyType
+from typing import NamedTuple
+
+BLOCK_TOKENS = 512
+DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared/traces/mooncake_synthetic_trace.jsonl"
+
+
+class Request(NamedTuple):
+    timestamp_ms: int
+    input_len: int
+    output_len: int
+    hash_ids: tuple[int, ...]
+
+
+def parse_request(line: str) -> Request:
+    """One trace line; raises ValueError naming the missing or malformed field."""
+    obj = json.loads(line)
+    try:
+        hash_ids = tuple(int(h) for h in obj["hash_ids"])
+        req = Request(
+            int(obj["timestamp"]), int(obj["input_length"]), int(obj["output_length"]), hash_ids
+        )
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"not a Mooncake trace line ({exc!r}): {line[:80]!r}") from None
+    if not hash_ids:
+        raise ValueError(f"request without hash_ids: {line[:80]!r}")
+    return req
+
+
+def load_trace(path: Path, limit: int | None = None) -> list[Request]:
+    """The first `limit` requests of `path` (all when None), blank lines skipped."""
+    requests: list[Request] = []
+    with path.open() as f:
+        for line in f:
+            if limit is not None and len(requests) >= limit:
+                break
+            if line.strip():
+                requests.append(parse_request(line))
+    return requests
+
+
+def _token_weights(req: Request) -> list[int]:
+    """512 tokens a block, except the last: what is left of the prompt, when positive."""
+    n = len(req.hash_ids)
+    last = req.input_len - BLOCK_TOKENS * (n - 1)
+    return [BLOCK_TOKENS] * (n - 1) + [last if last > 0 else BLOCK_TOKENS]
+
+
+def _block_weights(req: Request) -> list[int]:
+    """512 tokens for every block: the convention of the reference table in traces/README."""
+    return [BLOCK_TOKENS] * len(req.hash_ids)
+
+
+Weighting = Callable[[Request], list[int]]
+WEIGHTINGS: MappingProxyType[str, Weighting] = MappingProxyType(
+    {"tokens": _token_weights, "blocks": _block_weights}
+)
+
+
+def hit_ratio(requests: Sequence[Request], num_hit: Sequence[int], weighting: str) -> float:
+    """Hit tokens over prompt tokens, where request i hit its first `num_hit[i]` blocks."""
+    weigh = WEIGHTINGS[weighting]
+    hit = total = 0
+    for req, k in zip(requests, num_hit, strict=True):
+        cum = [0, *accumulate(weigh(req))]
+        hit += cum[k]
+        total += cum[-1]
+    return hit / total if total else 0.0
