@@ -1,0 +1,125 @@
+"""Paged KV cache: block copies in and out of pages, and the page pool's accounting."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpu_engine.config import EngineConfig
+from gpu_engine.kv_cache import KVCache, OutOfPagesError, PagePool
+from kvstore.errors import PayloadSizeError
+
+LAYERS, HEADS, DIM, BLOCK = 2, 2, 4, 8
+
+
+def _make_cache(page_tokens: int, num_pages: int = 8) -> KVCache:
+    return KVCache(num_pages, LAYERS, page_tokens, HEADS, DIM, BLOCK)
+
+
+def _block(seed: int) -> torch.Tensor:
+    return torch.randn(
+        (LAYERS, 2, BLOCK, HEADS, DIM), generator=torch.Generator().manual_seed(seed)
+    )
+
+
+@pytest.mark.parametrize("page_tokens", [2, 4, 8])
+def test_write_block_then_gather_reads_the_block_layout(page_tokens: int) -> None:
+    cache = _make_cache(page_tokens)
+    block = _block(0)
+    pages = list(range(7, 7 - cache.pages_per_block, -1))  # any pages, any order
+    cache.write_block(pages, block)
+    for layer in range(LAYERS):
+        k, v = cache.gather(layer, torch.tensor(pages), BLOCK)
+        assert torch.equal(k, block[layer, 0]) and torch.equal(v, block[layer, 1])
+    assert torch.equal(cache.read_block(pages), block)
+
+
+@pytest.mark.parametrize("page_tokens", [4, 8])
+def test_write_block_from_bytes_round_trips(page_tokens: int) -> None:
+    cache = _make_cache(page_tokens)
+    block = _block(1)
+    pages = list(range(cache.pages_per_block))
+    cache.write_block(pages, block.numpy().tobytes())
+    out = torch.empty(cache.block_shape)
+    assert cache.read_block(pages, out=out) is out
+    assert torch.equal(out, block)
+    assert out.numel() * out.element_size() == cache.layout.block_bytes
+
+
+def test_whole_page_blocks_are_zero_copy_views() -> None:
+    cache = _make_cache(BLOCK)
+    view = cache.block_view(3)
+    view.copy_(_block(2))  # receiving into the view fills the page
+    assert cache.read_block([3]).data_ptr() == view.data_ptr()
+    k, _ = cache.gather(1, torch.tensor([3]), 5)
+    assert torch.equal(k, _block(2)[1, 0, :5])
+
+
+def test_write_then_gather_by_slot() -> None:
+    cache = _make_cache(4)
+    k = torch.randn(6, HEADS, DIM)
+    v = torch.randn(6, HEADS, DIM)
+    pages, offsets = torch.tensor([5, 5, 5, 5, 2, 2]), torch.tensor([0, 1, 2, 3, 0, 1])
+    cache.write(1, pages, offsets, k, v)
+    got_k, got_v = cache.gather(1, torch.tensor([5, 2]), 6)
+    assert torch.equal(got_k, k) and torch.equal(got_v, v)
+
+
+def test_layout_is_the_engine_namespace_layout() -> None:
+    config = EngineConfig(block_tokens=16, page_tokens=4)
+    m = config.model_config
+    cache = KVCache(4, m.num_layers, 4, m.num_kv_heads, m.head_dim, 16)
+    assert cache.layout == config.kv_layout == config.namespace.layout
+
+
+def test_allocate_release_and_out_of_pages() -> None:
+    pool = PagePool(4, 1)
+    pages = pool.allocate(3)
+    assert sorted(pages) == [0, 1, 2] and pool.num_available == 1
+    with pytest.raises(OutOfPagesError):
+        pool.allocate(2)
+    assert pool.num_available == 1  # the failed call changed nothing
+    pool.release(pages)
+    pool.check()
+    assert pool.num_available == 4
+    assert all(pool.refcount(p) == 0 for p in range(4))
+
+
+def test_shared_block_is_freed_only_by_its_last_holder() -> None:
+    pool = PagePool(4, 2)
+    pages = pool.allocate(2)
+    assert pool.insert(b"k0", pages)
+    assert not pool.insert(b"k0", pages)  # already cached
+    assert pool.match([b"k0", b"k1"]) == [tuple(pages)]
+    assert [pool.refcount(p) for p in pages] == [2, 2]
+    pool.release(pages)
+    pool.check()
+    assert pool.num_available == 2  # still held once
+    pool.release(pages)
+    pool.check()
+    assert pool.num_available == 4 and pool.num_cached_blocks == 1  # evictable, not gone
+    assert pool.match([b"k0"]) == [tuple(pages)]  # a hit revives it
+    pool.check()
+
+
+def test_eviction_is_lru_and_a_sequence_released_tail_first_loses_its_tail_first() -> None:
+    pool = PagePool(4, 1)
+    seq = pool.allocate(3)
+    for i, page in enumerate(seq):
+        pool.insert(b"k%d" % i, [page])
+    pool.release(seq[::-1])
+    pool.check()
+    assert pool.allocate(2)  # one free page, then evicts the least recent: k2 (the tail)
+    assert pool.match([b"k0", b"k1", b"k2"]) == [(seq[0],), (seq[1],)]
+    pool.check()
+    with pytest.raises(OutOfPagesError):
+        pool.allocate(1)  # k0 and k1 are held again
+
+
+def test_write_block_refuses_a_wrong_size_and_writes_nothing() -> None:
+    cache = _make_cache(4)
+    with pytest.raises(PayloadSizeError):
+        cache.write_block([0, 1], b"\0" * 12)
+    with pytest.raises(PayloadSizeError):
+        cache.write_block([0, 1], _block(0).double())
+    assert not cache.pages.any()
