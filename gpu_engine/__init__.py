@@ -1,0 +1,29 @@
+"""Co-located decode engine: a Llama-architecture model over a paged KV cache.
+
+`Engine` runs requests with continuous batching and chunked prefill, reuses full blocks from
+its local prefix cache and, through a `KVConnector`, from the store.
+"""
+
+from gpu_engine.config import MODEL_PRESETS, EngineConfig, ModelConfig
+from gpu_engine.connector_base import BlockPages, ConnectorRequest, KVConnector, NoopConnector
+from gpu_engine.engine import Engine, RequestMetrics, RequestOutput, Usage
+from gpu_engine.kv_cache import KVCache, OutOfPagesError, PagePool
+from gpu_engine.sampling import SamplingParams
+
+__all__ = [
+    "MODEL_PRESETS",
+    "BlockPages",
+    "ConnectorRequest",
+    "Engine",
+    "EngineConfig",
+    "KVCache",
+    "KVConnector",
+    "ModelConfig",
+    "NoopConnector",
+    "OutOfPagesError",
+    "PagePool",
+    "RequestMetrics",
+    "RequestOutput",
+    "SamplingParams",
+    "Usage",
+]

@@ -1,0 +1,76 @@
+"""The engine's seam to an external KV store: load full blocks on admission, save new ones.
+
+The engine owns pages and block keys; a connector only moves bytes between the store and
+pages it is handed, through `KVCache.write_block` / `read_block` / `block_view`. Every block
+is `pages_per_block` pages, passed as a tuple; keys come from `kvstore.keys.block_keys` in
+the engine's namespace, so they are the store's keys.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from gpu_engine.kv_cache import KVCache
+from kvstore.keys import Namespace
+
+BlockPages = tuple[int, ...]  # the pages of one block, in token order
+
+
+class ConnectorRequest(NamedTuple):
+    """What a connector may know of a request."""
+
+    request_id: int
+    num_prompt_tokens: int
+
+
+class KVConnector(ABC):
+    """Moves full KV blocks between an engine's pages and an outside store.
+
+    Calls come from the engine's step loop, one at a time, never concurrently.
+    """
+
+    def bind(self, cache: KVCache, namespace: Namespace) -> None:
+        """Called once by the engine before any other call: its pages and its namespace."""
+        self.cache = cache
+        self.namespace = namespace
+
+    @abstractmethod
+    def load(
+        self, request: ConnectorRequest, keys: Sequence[bytes], pages: Sequence[BlockPages]
+    ) -> int:
+        """Fills blocks from the store, in order, and returns how many, n (0 <= n <= len(keys)).
+
+        Called on admission for the full prompt blocks the local prefix cache missed; block i
+        has key `keys[i]` and goes to `pages[i]`. The engine counts exactly the first n blocks
+        as loaded and recomputes the rest (overwriting whatever was written into them), so
+        block n and later may be left in any state; every block before n must be complete
+        when this returns. Raising is the same as returning 0.
+        """
+
+    @abstractmethod
+    def save(
+        self, request: ConnectorRequest, keys: Sequence[bytes], pages: Sequence[BlockPages]
+    ) -> None:
+        """Offers blocks this engine just computed: block i has key `keys[i]`, in `pages[i]`.
+
+        Called after the forward pass that completed them. The pages are only guaranteed to
+        hold the block during the call: copy out (`read_block(pages, out=staging)`) before
+        returning, then publish asynchronously; never stall the step loop on the network.
+        Errors are logged by the engine and otherwise ignored.
+        """
+
+
+class NoopConnector(KVConnector):
+    """The default: loads nothing, saves nothing."""
+
+    def load(
+        self, request: ConnectorRequest, keys: Sequence[bytes], pages: Sequence[BlockPages]
+    ) -> int:
+        return 0
+
+    def save(
+        self, request: ConnectorRequest, keys: Sequence[bytes], pages: Sequence[BlockPages]
+    ) -> None:
+        return None

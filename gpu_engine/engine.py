@@ -1,0 +1,389 @@
+"""The engine: continuous batching of chunked prefill and decode over the paged KV cache.
+
+Each step runs one forward pass over a mix of sequences: every running request that is
+decoding computes its last token, prefilling ones compute their next chunk, and new requests
+are admitted while the prefill token budget and the page pool allow. On admission a request
+reuses the longest prefix of its full prompt blocks found in the local prefix cache, then
+asks the connector to load the next ones from the store, and computes only the rest.
+
+Token ranges of one request (B = block_tokens):
+
+=====================  =====================================================
+[0, local)             blocks matched in the local prefix cache
+[local, local+store)   blocks the connector loaded
+[.., num_computed)     computed here; every full block is cached and saved
+[num_computed, len)    still to compute (one token while decoding)
+=====================  =====================================================
+
+At most ``(prompt_len - 1) // B`` blocks are reused, so the last prompt token is always
+computed and yields the first token's logits.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+
+from gpu_engine.config import EngineConfig
+from gpu_engine.connector_base import ConnectorRequest, KVConnector, NoopConnector
+from gpu_engine.kv_cache import KVCache, PagePool
+from gpu_engine.model import ForwardBatch, build_model
+from gpu_engine.sampling import SamplingParams, sample
+from kvstore.errors import InvalidArgumentError
+from kvstore.keys import block_keys
+
+logger = logging.getLogger(__name__)
+
+
+class Usage(NamedTuple):
+    """Token counts, as in an OpenAI usage block, with cached tokens split by source."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int  # local_cached_tokens + store_cached_tokens
+    local_cached_tokens: int  # from this engine's prefix cache
+    store_cached_tokens: int  # loaded through the connector
+
+
+class RequestMetrics(NamedTuple):
+    arrival_s: float
+    ttft_s: float | None  # arrival to first token
+    tpot_s: float | None  # mean time per output token after the first
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """A request's state after a step that gave it a token."""
+
+    request_id: int
+    prompt_token_ids: tuple[int, ...]
+    output_token_ids: tuple[int, ...]
+    finish_reason: str | None  # None while running; "length" or "stop"
+    usage: Usage
+    metrics: RequestMetrics
+    logits: torch.Tensor | None  # (vocab,) fp32 on CPU, of the last token; when finished
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(eq=False)
+class Request:
+    """One request's mutable state inside the engine."""
+
+    request_id: int
+    token_ids: list[int]  # prompt, then generated tokens
+    num_prompt_tokens: int
+    params: SamplingParams
+    generator: torch.Generator
+    arrival_s: float
+    pages: list[int] = field(default_factory=list)
+    keys: list[bytes] = field(default_factory=list)  # chained keys of full blocks, a prefix
+    num_computed: int = 0  # tokens whose K/V are in `pages`
+    local_cached_tokens: int | None = None  # set on first admission
+    store_cached_tokens: int | None = None
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    last_logits: torch.Tensor | None = None
+    finish_reason: str | None = None
+
+    @property
+    def num_uncomputed(self) -> int:
+        return len(self.token_ids) - self.num_computed
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def info(self) -> ConnectorRequest:
+        return ConnectorRequest(self.request_id, self.num_prompt_tokens)
+
+
+class Engine:
+    """Runs requests to completion over a paged KV cache; see the module docstring.
+
+    Args:
+        config: model, pages and batching limits.
+        connector: the store seam; default `NoopConnector`.
+        clock: seconds, monotonic; injected so tests control time.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        connector: KVConnector | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.config = config
+        m = config.model_config
+        self.model = build_model(
+            m, config.seed, config.weights_path or None, config.device, config.torch_dtype
+        )
+        self.cache = KVCache(
+            config.num_pages,
+            m.num_layers,
+            config.page_tokens,
+            m.num_kv_heads,
+            m.head_dim,
+            config.block_tokens,
+            config.torch_dtype,
+            config.device,
+        )
+        self.pool = PagePool(config.num_pages, config.pages_per_block)
+        self.namespace = config.namespace
+        self.connector = connector if connector is not None else NoopConnector()
+        self.connector.bind(self.cache, self.namespace)
+        self._clock = clock
+        self._waiting: deque[Request] = deque()
+        self._running: list[Request] = []
+        self._next_id = 0
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    def add_request(
+        self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None
+    ) -> int:
+        """Queues a request; returns its id.
+
+        Raises:
+            InvalidArgumentError: empty prompt, a token outside the vocabulary, or a request
+                that could never fit the model's positions or the page pool.
+        """
+        params = params if params is not None else SamplingParams()
+        tokens = [int(t) for t in prompt_token_ids]
+        self._check_request(tokens, params)
+        request_id = self._next_id
+        self._next_id += 1
+        seed = params.seed if params.seed is not None else self.config.seed * 1_000_003 + request_id
+        generator = torch.Generator(device=self.config.device).manual_seed(seed)
+        req = Request(request_id, tokens, len(tokens), params, generator, self._clock())
+        self._waiting.append(req)
+        return request_id
+
+    def step(self) -> list[RequestOutput]:
+        """One forward pass; returns an output for every request that got a token."""
+        scheduled = self._schedule()
+        if not scheduled:
+            return []
+        batch = ForwardBatch.build(
+            chunks=[r.token_ids[r.num_computed : r.num_computed + n] for r, n in scheduled],
+            starts=[r.num_computed for r, _ in scheduled],
+            page_tables=[r.pages for r, _ in scheduled],
+            page_tokens=self.config.page_tokens,
+            dtype=self.config.torch_dtype,
+            device=self.config.device,
+        )
+        logits = self.model(batch, self.cache)  # (B, vocab)
+        for req, num_new in scheduled:
+            self._commit(req, num_new)
+        return self._emit([r for r, _ in scheduled], logits)
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Runs `prompts` to completion; outputs in the order of `prompts`."""
+        if params is None or isinstance(params, SamplingParams):
+            params = [params or SamplingParams()] * len(prompts)
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        finished: dict[int, RequestOutput] = {}
+        while self.has_unfinished:
+            finished.update((o.request_id, o) for o in self.step() if o.finished)
+        return [finished[i] for i in ids]
+
+    # -- scheduling ---------------------------------------------------------------------
+
+    def _schedule(self) -> list[tuple[Request, int]]:
+        """(request, tokens to compute) for this step: running first, then admissions."""
+        budget = self.config.max_prefill_tokens  # decode tokens do not count
+        scheduled = []
+        for req in list(self._running):
+            if req not in self._running:  # preempted to make room
+                continue
+            num_new = 1 if req.num_uncomputed == 1 else min(req.num_uncomputed, budget)
+            if num_new == 0 or not self._reserve(req, req.num_computed + num_new):
+                continue
+            scheduled.append((req, num_new))
+            budget -= num_new if num_new > 1 else 0
+        while self._waiting and budget > 0 and len(self._running) < self.config.max_num_seqs:
+            req = self._waiting[0]
+            if not self._admit(req):
+                break
+            self._running.append(self._waiting.popleft())
+            num_new = min(req.num_uncomputed, budget)
+            scheduled.append((req, num_new))
+            budget -= num_new
+        return scheduled
+
+    def _admit(self, req: Request) -> bool:
+        """Gives `req` pages for all its tokens, reusing cached and loaded blocks; False (and
+        nothing held) when the pool cannot hold it now."""
+        keys = self._keys(req, (len(req.token_ids) - 1) // self.config.block_tokens)
+        hits = self.pool.match(keys) if self.config.enable_prefix_cache else []
+        reused = [p for block in hits for p in block]
+        need = self._num_pages(len(req.token_ids)) - len(reused)
+        if need > self.pool.num_available:
+            self.pool.release(reused[::-1])
+            return False
+        req.pages = reused + self.pool.allocate(need)
+        num_loaded = self._load(req, len(hits), keys[len(hits) :])
+        req.num_computed = (len(hits) + num_loaded) * self.config.block_tokens
+        if req.local_cached_tokens is None:
+            req.local_cached_tokens = len(hits) * self.config.block_tokens
+            req.store_cached_tokens = num_loaded * self.config.block_tokens
+        return True
+
+    def _load(self, req: Request, first_block: int, keys: list[bytes]) -> int:
+        """Asks the connector for blocks `first_block...`; caches and counts only those it
+        reports complete."""
+        if not keys:
+            return 0
+        blocks = [self._block_pages(req, first_block + i) for i in range(len(keys))]
+        try:
+            num_loaded = self.connector.load(req.info, keys, blocks)
+        except Exception:
+            logger.exception("event=connector_load_failed request_id=%d", req.request_id)
+            return 0
+        if not isinstance(num_loaded, int) or not 0 <= num_loaded <= len(keys):
+            logger.error("event=connector_load_bad_count count=%r", num_loaded)
+            return 0
+        if self.config.enable_prefix_cache:
+            for key, pages in zip(keys[:num_loaded], blocks, strict=False):
+                self.pool.insert(key, pages)
+        return num_loaded
+
+    def _reserve(self, req: Request, num_tokens: int) -> bool:
+        """Grows `req` to pages for `num_tokens`, preempting the youngest running requests
+        when the pool is empty; False if `req` itself had to be preempted."""
+        need = self._num_pages(num_tokens) - len(req.pages)
+        while need > self.pool.num_available:
+            victim = self._running[-1]
+            self._preempt(victim)
+            if victim is req:
+                return False
+        if need > 0:
+            req.pages += self.pool.allocate(need)
+        return True
+
+    def _preempt(self, req: Request) -> None:
+        """Back to the queue's front; its full blocks stay in the prefix cache for re-admission."""
+        logger.info("event=preempt request_id=%d tokens=%d", req.request_id, len(req.token_ids))
+        self._running.remove(req)
+        self._release(req)
+        self._waiting.appendleft(req)
+
+    def _release(self, req: Request) -> None:
+        self.pool.release(req.pages[::-1])  # tail first: evicted before its parents
+        req.pages = []
+        req.num_computed = 0
+
+    # -- after the forward pass -----------------------------------------------------------
+
+    def _commit(self, req: Request, num_new: int) -> None:
+        """Counts `num_new` computed tokens; caches and saves the full blocks they completed."""
+        bt = self.config.block_tokens
+        first, req.num_computed = req.num_computed // bt, req.num_computed + num_new
+        last = req.num_computed // bt
+        if last == first:
+            return
+        keys = self._keys(req, last)[first:last]
+        blocks = [self._block_pages(req, i) for i in range(first, last)]
+        if self.config.enable_prefix_cache:
+            for key, pages in zip(keys, blocks, strict=True):
+                self.pool.insert(key, pages)
+        try:
+            self.connector.save(req.info, keys, blocks)
+        except Exception:
+            logger.exception("event=connector_save_failed request_id=%d", req.request_id)
+
+    def _emit(self, reqs: list[Request], logits: torch.Tensor) -> list[RequestOutput]:
+        """Samples a token for every request whose tokens are all computed."""
+        rows = [i for i, r in enumerate(reqs) if r.num_uncomputed == 0]
+        if not rows:
+            return []
+        ready = [reqs[i] for i in rows]
+        tokens = sample(logits[rows], [r.params for r in ready], [r.generator for r in ready])
+        now = self._clock()
+        outputs = []
+        for req, row, token in zip(ready, rows, tokens, strict=True):
+            self._append(req, token, logits[row], now)
+            outputs.append(self._output(req))
+        return outputs
+
+    def _append(self, req: Request, token: int, logits: torch.Tensor, now: float) -> None:
+        req.token_ids.append(token)
+        req.last_logits = logits
+        req.first_token_s = req.first_token_s if req.first_token_s is not None else now
+        req.last_token_s = now
+        if token in req.params.stop_token_ids:
+            req.finish_reason = "stop"
+        elif req.num_output_tokens >= req.params.max_tokens:
+            req.finish_reason = "length"
+        if req.finish_reason is not None:
+            self._running.remove(req)
+            self._release(req)
+
+    def _output(self, req: Request) -> RequestOutput:
+        local = req.local_cached_tokens or 0
+        store = req.store_cached_tokens or 0
+        num_out = req.num_output_tokens
+        first, last = req.first_token_s, req.last_token_s
+        assert first is not None and last is not None, "output before a first token"
+        finished = req.finish_reason is not None
+        return RequestOutput(
+            request_id=req.request_id,
+            prompt_token_ids=tuple(req.token_ids[: req.num_prompt_tokens]),
+            output_token_ids=tuple(req.token_ids[req.num_prompt_tokens :]),
+            finish_reason=req.finish_reason,
+            usage=Usage(req.num_prompt_tokens, num_out, local + store, local, store),
+            metrics=RequestMetrics(
+                req.arrival_s,
+                first - req.arrival_s,
+                (last - first) / (num_out - 1) if num_out > 1 else None,
+            ),
+            logits=req.last_logits.cpu() if finished and req.last_logits is not None else None,
+        )
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _keys(self, req: Request, num_blocks: int) -> list[bytes]:
+        """The first `num_blocks` chained block keys of `req`, extending the memo."""
+        have = len(req.keys)
+        if num_blocks > have:
+            bt = self.config.block_tokens
+            parent = req.keys[-1] if req.keys else None
+            tokens = req.token_ids[have * bt : num_blocks * bt]
+            req.keys += block_keys(self.namespace, tokens, parent=parent)
+        return req.keys[:num_blocks]
+
+    def _block_pages(self, req: Request, block: int) -> tuple[int, ...]:
+        ppb = self.config.pages_per_block
+        return tuple(req.pages[block * ppb : (block + 1) * ppb])
+
+    def _num_pages(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.config.page_tokens)
+
+    def _check_request(self, tokens: list[int], params: SamplingParams) -> None:
+        m = self.config.model_config
+        if not tokens:
+            raise InvalidArgumentError("prompt must have at least one token")
+        if min(tokens) < 0 or max(tokens) >= m.vocab_size:
+            raise InvalidArgumentError(f"token ids must be in [0, {m.vocab_size})")
+        total = len(tokens) + params.max_tokens
+        if total > m.max_position:
+            raise InvalidArgumentError(f"{total} tokens exceed max_position {m.max_position}")
+        if self._num_pages(total) > self.config.num_pages:
+            raise InvalidArgumentError(
+                f"{total} tokens need more than {self.config.num_pages} pages"
+            )

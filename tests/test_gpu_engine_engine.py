@@ -1,0 +1,273 @@
+"""Engine correctness: reused KV (local prefix cache, or blocks through a connector) gives the
+same tokens and logits as recomputation; batching, chunking and preemption change nothing."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+
+import pytest
+import torch
+
+from gpu_engine.config import EngineConfig
+from gpu_engine.connector_base import BlockPages, ConnectorRequest, KVConnector
+from gpu_engine.engine import Engine, RequestOutput
+from gpu_engine.sampling import SamplingParams
+from kvstore.errors import InvalidArgumentError
+
+BLOCK = 8
+GREEDY = SamplingParams(max_tokens=6)
+ATOL = 1e-4
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    """The tiny model's ops are microseconds: threads only add contention on a shared box."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _make_engine(connector: KVConnector | None = None, **overrides: object) -> Engine:
+    fields: dict = {"block_tokens": BLOCK, "page_tokens": 4, "num_pages": 64}
+    return Engine(EngineConfig(**(fields | overrides)), connector)
+
+
+def _prompt(seed: int, length: int) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 512, (length,), generator=gen).tolist()
+
+
+def _reference(prompt: list[int], params: SamplingParams = GREEDY) -> RequestOutput:
+    """Everything recomputed: no prefix cache, no connector, one-shot prefill."""
+    engine = _make_engine(enable_prefix_cache=False, max_prefill_tokens=4096)
+    return engine.generate([prompt], params)[0]
+
+
+def _assert_same(out: RequestOutput, ref: RequestOutput) -> None:
+    assert out.output_token_ids == ref.output_token_ids
+    assert out.logits is not None and ref.logits is not None
+    torch.testing.assert_close(out.logits, ref.logits, atol=ATOL, rtol=0)
+
+
+def _assert_idle(engine: Engine) -> None:
+    engine.pool.check()
+    assert not engine.has_unfinished
+    assert all(engine.pool.refcount(p) == 0 for p in range(engine.config.num_pages))
+    assert engine.pool.num_available == engine.config.num_pages
+
+
+class DictConnector(KVConnector):
+    """An in-memory stand-in for the store, keyed by block key; shareable between engines."""
+
+    def __init__(self, blocks: dict[bytes, object], as_bytes: bool = False) -> None:
+        self.blocks = blocks
+        self.as_bytes = as_bytes
+        self.num_saved = 0
+
+    def load(
+        self, request: ConnectorRequest, keys: Sequence[bytes], pages: Sequence[BlockPages]
+    ) -> int:
+        for i, (key, block_pages) in enumerate(zip(keys, pages, strict=True)):
+            if key not in self.blocks:
+                return i
+            self.cache.write_block(block_pages, self.blocks[key])  # type: ignore[arg-type]
+        return len(keys)
+
+    def save(
+        self, request: ConnectorRequest, keys: Sequence[bytes], pages: Sequence[BlockPages]
+    ) -> None:
+        for key, block_pages in zip(keys, pages, strict=True):
+            block = self.cache.read_block(block_pages).clone()
+            self.blocks.setdefault(key, block.numpy().tobytes() if self.as_bytes else block)
+            self.num_saved += 1
+
+
+class FlakyConnector(DictConnector):
+    """Loads at most `limit` blocks, scribbles garbage on the rest, or raises, or lies."""
+
+    def __init__(self, blocks: dict[bytes, object], mode: str, limit: int = 0) -> None:
+        super().__init__(blocks)
+        self.mode, self.limit = mode, limit
+
+    def load(
+        self, request: ConnectorRequest, keys: Sequence[bytes], pages: Sequence[BlockPages]
+    ) -> int:
+        for block_pages in pages:
+            self.cache.write_block(block_pages, torch.full(self.cache.block_shape, 7.0))
+        if self.mode == "raise":
+            raise ConnectionError("store unreachable")
+        if self.mode == "bad_count":
+            return len(keys) + 1
+        return super().load(request, keys[: self.limit], pages[: self.limit])
+
+
+@pytest.mark.parametrize("page_tokens", [4, 8])
+def test_local_prefix_cache_equals_recompute(page_tokens: int) -> None:
+    shared = _prompt(0, 3 * BLOCK + 5)
+    first, second = shared + _prompt(1, 9), shared + _prompt(2, 13)
+    engine = _make_engine(page_tokens=page_tokens)
+    out_first = engine.generate([first], GREEDY)[0]
+    out_second = engine.generate([second], GREEDY)[0]
+    out_again = engine.generate([first], GREEDY)[0]
+    _assert_same(out_first, _reference(first))
+    _assert_same(out_second, _reference(second))
+    _assert_same(out_again, out_first)
+    assert out_first.usage.cached_tokens == 0
+    assert out_second.usage.local_cached_tokens == 3 * BLOCK  # the shared full blocks
+    assert out_again.usage.local_cached_tokens == (len(first) - 1) // BLOCK * BLOCK
+    assert out_again.usage.store_cached_tokens == 0
+    _assert_idle(engine)
+
+
+def test_prompt_of_whole_blocks_still_computes_its_last_block() -> None:
+    prompt = _prompt(3, 4 * BLOCK)
+    engine = _make_engine()
+    engine.generate([prompt], GREEDY)
+    out = engine.generate([prompt], GREEDY)[0]
+    assert out.usage.cached_tokens == 3 * BLOCK
+    _assert_same(out, _reference(prompt))
+
+
+@pytest.mark.parametrize("as_bytes", [False, True])
+@pytest.mark.parametrize("page_tokens", [4, 8])
+def test_blocks_saved_by_one_engine_load_into_another(page_tokens: int, as_bytes: bool) -> None:
+    blocks: dict[bytes, object] = {}
+    prompt = _prompt(4, 5 * BLOCK + 3)
+    saver = DictConnector(blocks, as_bytes)
+    _make_engine(saver, page_tokens=page_tokens).generate([prompt], GREEDY)
+    assert saver.num_saved == len(blocks) == 6  # 48 computed tokens (prompt and outputs)
+
+    engine = _make_engine(DictConnector(blocks, as_bytes), page_tokens=page_tokens)
+    short = prompt[: 2 * BLOCK + 1]
+    out_short, out = (engine.generate([p], GREEDY)[0] for p in (short, prompt))
+    _assert_same(out_short, _reference(short))
+    _assert_same(out, _reference(prompt))
+    assert out_short.usage[2:] == (2 * BLOCK, 0, 2 * BLOCK)  # cached: all, local, store
+    assert out.usage[2:] == (5 * BLOCK, 2 * BLOCK, 3 * BLOCK)
+    _assert_idle(engine)
+
+
+@pytest.mark.parametrize(
+    ("mode", "limit", "loaded_blocks"),
+    [("raise", 0, 0), ("bad_count", 0, 0), ("partial", 0, 0), ("partial", 2, 2)],
+)
+def test_failed_or_partial_loads_are_recomputed(mode: str, limit: int, loaded_blocks: int) -> None:
+    blocks: dict[bytes, object] = {}
+    prompt = _prompt(6, 4 * BLOCK + 1)
+    _make_engine(DictConnector(blocks)).generate([prompt], GREEDY)
+    engine = _make_engine(FlakyConnector(blocks, mode, limit))
+    out = engine.generate([prompt], GREEDY)[0]
+    _assert_same(out, _reference(prompt))
+    assert out.usage.store_cached_tokens == loaded_blocks * BLOCK
+    assert out.usage.cached_tokens == loaded_blocks * BLOCK
+    _assert_idle(engine)
+
+
+@pytest.mark.parametrize("max_prefill_tokens", [1, 5, 8, 13])
+def test_chunked_prefill_equals_one_shot(max_prefill_tokens: int) -> None:
+    prompt = _prompt(7, 50)
+    out = _make_engine(max_prefill_tokens=max_prefill_tokens).generate([prompt], GREEDY)[0]
+    _assert_same(out, _reference(prompt))
+
+
+def test_batch_equals_each_alone() -> None:
+    prompts = [_prompt(10 + i, n) for i, n in enumerate([3, 17, 40, 8, 29])]
+    params = [
+        SamplingParams(max_tokens=5),
+        SamplingParams(max_tokens=9, temperature=0.8, seed=1),
+        SamplingParams(max_tokens=3),
+        SamplingParams(max_tokens=12, temperature=1.5, seed=2),
+        SamplingParams(max_tokens=7),
+    ]
+    engine = _make_engine(max_prefill_tokens=32)  # admissions spread over steps, chunked
+    outs = engine.generate(prompts, params)
+    for prompt, sp, out in zip(prompts, params, outs, strict=True):
+        _assert_same(out, _reference(prompt, sp))
+        assert out.usage.completion_tokens == sp.max_tokens
+    _assert_idle(engine)
+
+
+def test_preemption_under_a_small_pool_changes_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="gpu_engine.engine")
+    prompts = [_prompt(20 + i, 20) for i in range(4)]
+    params = SamplingParams(max_tokens=14)
+    engine = _make_engine(num_pages=24, max_prefill_tokens=64)  # 4 x 34 tokens need 36 pages
+    outs = engine.generate(prompts, params)
+    for prompt, out in zip(prompts, outs, strict=True):
+        _assert_same(out, _reference(prompt, params))
+        assert out.usage.cached_tokens == 0  # counted on first admission only
+    assert "event=preempt" in caplog.text
+    _assert_idle(engine)
+
+
+def test_eviction_under_a_small_pool_keeps_outputs_exact() -> None:
+    engine = _make_engine(num_pages=16)
+    prompts = [_prompt(30 + i, 3 * BLOCK + 2) for i in range(4)]  # 7 pages each, 6 cacheable
+    for prompt in prompts:
+        engine.generate([prompt], GREEDY)
+        engine.pool.check()
+    assert engine.pool.num_cached_blocks * 2 <= 16
+    recent, evicted = (
+        engine.generate([prompts[-1]], GREEDY)[0],
+        engine.generate([prompts[0]], GREEDY)[0],
+    )
+    assert recent.usage.local_cached_tokens == 3 * BLOCK
+    assert evicted.usage.local_cached_tokens == 0
+    _assert_same(recent, _reference(prompts[-1]))
+    _assert_same(evicted, _reference(prompts[0]))
+    _assert_idle(engine)
+
+
+def test_streamed_outputs_and_metrics_from_an_injected_clock() -> None:
+    ticks = iter(range(100))
+    engine = Engine(EngineConfig(), clock=lambda: float(next(ticks)))
+    engine.add_request(_prompt(40, 10), SamplingParams(max_tokens=3))  # arrives at 0
+    streamed = [engine.step() for _ in range(3)]  # tokens at 1, 2, 3
+    assert [len(s) for s in streamed] == [1, 1, 1]
+    assert [s[0].finished for s in streamed] == [False, False, True]
+    assert streamed[0][0].logits is None and streamed[-1][0].logits is not None
+    out = streamed[-1][0]
+    assert out.metrics.ttft_s == 1.0 and out.metrics.tpot_s == 1.0
+    assert out.usage == (10, 3, 0, 0, 0)
+    assert engine.step() == []
+
+
+def test_seeded_sampling_is_reproducible_and_stop_tokens_stop() -> None:
+    prompt = _prompt(50, 12)
+    hot = SamplingParams(max_tokens=10, temperature=2.0, seed=7)
+    a, b = (_make_engine().generate([prompt], hot)[0] for _ in range(2))
+    c = _make_engine().generate([prompt], SamplingParams(max_tokens=10, temperature=2.0, seed=8))[0]
+    assert a.output_token_ids == b.output_token_ids != c.output_token_ids
+    stop = a.output_token_ids[3]
+    first = a.output_token_ids.index(stop)
+    stopped = _make_engine().generate([prompt], SamplingParams(10, 2.0, 7, (stop,)))[0]
+    assert stopped.output_token_ids == a.output_token_ids[: first + 1]
+    assert stopped.finish_reason == "stop" and a.finish_reason == "length"
+
+
+@pytest.mark.parametrize(
+    ("prompt", "max_tokens"), [([], 1), ([512], 1), ([-1], 1), ([1] * 4000, 100), ([1] * 200, 60)]
+)
+def test_bad_requests_are_refused(prompt: list[int], max_tokens: int) -> None:
+    engine = _make_engine(num_pages=64)  # 256 tokens of pages
+    with pytest.raises(InvalidArgumentError):
+        engine.add_request(prompt, SamplingParams(max_tokens=max_tokens))
+    assert not engine.has_unfinished
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_cpu_and_reuses_kv() -> None:
+    blocks: dict[bytes, object] = {}
+    prompt = _prompt(60, 5 * BLOCK + 3)
+    ref = _reference(prompt)
+    saver = _make_engine(DictConnector(blocks), device="cuda")
+    cold, warm = (saver.generate([prompt], GREEDY)[0] for _ in range(2))
+    loaded = _make_engine(DictConnector(blocks), device="cuda").generate([prompt], GREEDY)[0]
+    assert cold.output_token_ids == ref.output_token_ids
+    torch.testing.assert_close(cold.logits, ref.logits, atol=1e-3, rtol=0)
+    _assert_same(warm, cold)
+    _assert_same(loaded, cold)
+    assert warm.usage.local_cached_tokens == loaded.usage.store_cached_tokens == 5 * BLOCK
