@@ -80,6 +80,17 @@ class KVCache:
         v = self.pages[:, layer, 1].index_select(0, page_table)
         return (k.view(-1, heads, dim)[:context_len], v.view(-1, heads, dim)[:context_len])
 
+    def gather_batch(
+        self, layer: int, page_tables: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of whole pages of B sequences, (B, P) tables -> each (B, P * T, H, D)."""
+        heads, dim = self.pages.shape[-2:]
+        flat = page_tables.flatten()  # (B * P,)
+        k = self.pages[:, layer, 0].index_select(0, flat)  # (B * P, T, H, D)
+        v = self.pages[:, layer, 1].index_select(0, flat)
+        batch = page_tables.shape[0]
+        return k.view(batch, -1, heads, dim), v.view(batch, -1, heads, dim)
+
     def block_view(self, page: int) -> torch.Tensor:
         """Zero-copy (L, 2, B, H, D) view of the block in `page`; needs page_tokens == block_tokens.
 

@@ -34,6 +34,8 @@ class ForwardBatch(NamedTuple):
     page_tables: list[torch.Tensor]  # (ceil(context_len / page_tokens),) per sequence
     masks: list[torch.Tensor | None]  # (q, c) additive; None: see `_causal_mask`
     last_indices: torch.Tensor  # (B,) index in N of each sequence's last new token
+    decode_tables: torch.Tensor | None  # (B, max_pages) padded page tables, when N == B > 1
+    decode_mask: torch.Tensor | None  # (B, 1, 1, max_pages * page_tokens) additive
 
     @classmethod
     def build(
@@ -74,7 +76,32 @@ class ForwardBatch(NamedTuple):
                 for q, c in zip(query_lens, context_lens, strict=True)
             ],
             last_indices=tensor(list(itertools.accumulate(query_lens))) - 1,
+            **_decode_fields(query_lens, context_lens, page_tables, page_tokens, dtype, device),
         )
+
+
+def _decode_fields(
+    query_lens: list[int],
+    context_lens: list[int],
+    page_tables: list[list[int]],
+    page_tokens: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+) -> dict[str, torch.Tensor | None]:
+    """Padded page tables and mask for one batched attention call when every sequence decodes
+    one token; a batch with any prefill attends sequence by sequence instead."""
+    if len(query_lens) < 2 or max(query_lens) > 1:
+        return {"decode_tables": None, "decode_mask": None}
+    num_pages = [-(-c // page_tokens) for c in context_lens]
+    width = max(num_pages)
+    tables = [t[:n] + [0] * (width - n) for t, n in zip(page_tables, num_pages, strict=True)]
+    lens = torch.tensor(context_lens, device=device)[:, None]  # (B, 1)
+    hidden = torch.arange(width * page_tokens, device=device)[None, :] >= lens  # (B, C)
+    mask = torch.zeros(hidden.shape, dtype=dtype, device=device).masked_fill_(hidden, -torch.inf)
+    return {
+        "decode_tables": torch.tensor(tables, dtype=torch.long, device=device),
+        "decode_mask": mask[:, None, None, :],  # (B, 1, 1, C)
+    }
 
 
 def _causal_mask(
@@ -149,6 +176,9 @@ class LlamaAttention(nn.Module):
         v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
         q, k = _rotate(q, *rope), _rotate(k, *rope)
         cache.write(self.layer, batch.slot_pages, batch.slot_offsets, k, v)
+        if batch.decode_tables is not None:
+            ctx_k, ctx_v = cache.gather_batch(self.layer, batch.decode_tables)
+            return self.o_proj(_attend_decode(q, ctx_k, ctx_v, batch.decode_mask).view(n, -1))
         out = torch.empty_like(q)
         start = 0
         for i, query_len in enumerate(batch.query_lens):
@@ -176,6 +206,20 @@ def _attend(
         enable_gqa=True,
     )
     return out[0, :, past:].transpose(0, 1) if is_causal else out[0].transpose(0, 1)
+
+
+def _attend_decode(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor:
+    """q (B, Hq, D), one token per sequence, over k, v (B, C, Hkv, D) -> (B, Hq, D)."""
+    out = F.scaled_dot_product_attention(
+        q.unsqueeze(2),  # (B, Hq, 1, D)
+        k.transpose(1, 2),  # (B, Hkv, C, D)
+        v.transpose(1, 2),
+        attn_mask=mask,  # (B, 1, 1, C): padding hidden
+        enable_gqa=True,
+    )
+    return out.squeeze(2)
 
 
 class LlamaMLP(nn.Module):
