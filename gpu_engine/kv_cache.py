@@ -104,6 +104,7 @@ class KVCache:
 
         Without `out` and with one page per block this is a view (zero copies): copy it before
         the page is released. Otherwise one copy into `out` (e.g. a pinned staging buffer).
+        Raw bytes of any dtype: ``read_block(...).view(torch.uint8)`` (on CPU, ``.numpy()``).
         """
         assert len(pages) == self.pages_per_block, f"a block is {self.pages_per_block} pages"
         if out is None and self.pages_per_block == 1:

@@ -142,8 +142,9 @@ class RotaryEmbedding(nn.Module):
         self.inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2).float() / head_dim)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        inv_freq = self.inv_freq.to(positions.device)
-        freqs = positions.float()[:, None] * inv_freq[None, :]  # (N, D/2)
+        if self.inv_freq.device != positions.device:
+            self.inv_freq = self.inv_freq.to(positions.device)
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # (N, D/2)
         angles = torch.cat([freqs, freqs], dim=-1)[:, None, :]  # (N, 1, D)
         return angles.cos(), angles.sin()
 

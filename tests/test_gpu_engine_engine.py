@@ -80,7 +80,9 @@ class DictConnector(KVConnector):
     ) -> None:
         for key, block_pages in zip(keys, pages, strict=True):
             block = self.cache.read_block(block_pages).clone()
-            self.blocks.setdefault(key, block.numpy().tobytes() if self.as_bytes else block)
+            self.blocks.setdefault(
+                key, block.view(torch.uint8).numpy().tobytes() if self.as_bytes else block
+            )
             self.num_saved += 1
 
 

@@ -123,3 +123,13 @@ def test_write_block_refuses_a_wrong_size_and_writes_nothing() -> None:
     with pytest.raises(PayloadSizeError):
         cache.write_block([0, 1], _block(0).double())
     assert not cache.pages.any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_blocks_round_trip_as_bytes(dtype: torch.dtype) -> None:
+    cache = KVCache(4, LAYERS, 4, HEADS, DIM, BLOCK, dtype=dtype)
+    block = _block(3).to(dtype)
+    raw = block.view(torch.uint8).numpy().tobytes()
+    cache.write_block([2, 0], raw)
+    assert torch.equal(cache.read_block([2, 0]), block)
+    assert len(raw) == cache.layout.block_bytes and cache.layout.dtype == str(dtype)[6:]
