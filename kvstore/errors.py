@@ -46,6 +46,11 @@ class IncompleteWriteError(InvalidArgumentError):
     """Commit of a reservation whose blocks were not all fully written."""
 
 
+class ChecksumMismatchError(InvalidArgumentError):
+    """A block arrived short or altered (its crc32 differs from the sender's); nothing of
+    that put was committed."""
+
+
 class NotFoundError(KVStoreError, LookupError):
     """The named thing does not exist."""
 

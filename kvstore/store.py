@@ -48,7 +48,9 @@ class StoreConfig:
     max_batch_keys: int = option(4096, "most keys one call may carry")
     reservation_timeout_s: float = option(30.0, "an uncommitted reservation is freed after this")
     lease_timeout_s: float = option(30.0, "a read lease a client did not release ends after this")
-    verify_reads: bool = option(True, "check each DRAM block's checksum before it is read")
+    verify_reads: bool = option(
+        False, "also check DRAM blocks' checksums on every read (SSD reads always are)"
+    )
     ssd_path: str = option("", "directory of the SSD tier (LMDB); empty: no SSD tier")
     ssd_bytes: int = option(0, "SSD tier capacity", parse_bytes)
     ssd_policy: str = option("prefix-lru", "eviction policy of the SSD tier")
@@ -218,13 +220,17 @@ class Store:
         with self._lock:
             self.expire()
             self._check_keys(namespace_id, keys)
+            entries = [self._index.readable(namespace_id, key) for key in keys]
+            for entry in entries:  # pinned first: promoting one must not evict another
+                if entry is not None:
+                    entry.num_leases += 1
             views: list[memoryview | None] = []
             hits = []
-            for key in keys:
-                entry = self._index.readable(namespace_id, key)
+            for entry in entries:
                 view = None if entry is None else self._tiering.load(entry)
-                if view is not None and entry is not None:
-                    entry.num_leases += 1  # pinned before the next load can evict it
+                if entry is not None and view is None:
+                    self._tiering.end_lease(entry)  # failed its checksum: now dropped
+                elif entry is not None:
                     hits.append(entry)
                 views.append(view)
             self._tiering.touch(hits)
@@ -323,8 +329,15 @@ class Store:
             res = self._reservation(reservation_id)
             res.written[index] = self._reserved_entry(res, reservation_id, index).nbytes
 
-    def commit(self, reservation_id: int) -> int:
-        """Makes every block of the reservation readable; returns how many it committed."""
+    def commit(self, reservation_id: int, checksums: Sequence[int] | None = None) -> int:
+        """Makes every block of the reservation readable; returns how many it committed.
+
+        Args:
+            reservation_id: from `reserve`.
+            checksums: optional CRC32 per key of the reserve call, as the sender computed
+                it. On any mismatch the reservation is aborted and ChecksumMismatchError
+                raised: altered or short bytes are never committed.
+        """
         with self._lock:
             res = self._reservation(reservation_id)
             short = [i for i, e in res.entries.items() if res.written[i] != e.nbytes]
@@ -333,9 +346,21 @@ class Store:
                     f"blocks {short[:8]} are not fully written; "
                     f"each needs {next(iter(res.entries.values())).nbytes} bytes"
                 )
+            views = {i: self._view(e) for i, e in res.entries.items()}
+        # Outside the lock (zlib releases the GIL): the slots belong to this reservation.
+        crcs = {i: zlib.crc32(view) for i, view in views.items()}
+        with self._lock:
+            if self._reservations.get(reservation_id) is not res:
+                raise errors.UnknownReservationError(f"reservation {reservation_id} expired")
+            bad = [i for i in crcs if checksums is not None and crcs[i] != checksums[i]]
+            if bad:
+                self.abort(reservation_id)
+                raise errors.ChecksumMismatchError(
+                    f"blocks {bad[:8]} arrived short or altered (crc32 mismatch); nothing committed"
+                )
             del self._reservations[reservation_id]
-            for entry in res.entries.values():
-                entry.checksum = zlib.crc32(self._view(entry))
+            for i, entry in res.entries.items():
+                entry.checksum = crcs[i]
                 entry.state = BlockState.COMMITTED
                 self._counters.bytes_written += entry.nbytes
             self._tiering.on_commit(list(res.entries.values()))

@@ -237,7 +237,8 @@ def test_bool_field_given_toml_integer_raises_invalid_argument(tmp_path: Path) -
         ({"toml": 'verify_reads = "off"\n'}, False),
         ({"flags": ["--verify-reads", "false"]}, False),
         ({"flags": ["--verify-reads", "true"], "env": {"KVSTORE_VERIFY_READS": "false"}}, True),
-        ({}, True),
+        ({"toml": "verify_reads = true\n"}, True),
+        ({}, False),
     ],
 )
 def test_verify_reads_parsing(tmp_path: Path, source: dict[str, Any], value: bool) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zlib
+
 import pytest
 
 from kvstore import errors
@@ -299,7 +301,7 @@ def test_remove_while_leased_frees_slot_on_release():
 
 
 def test_corrupted_block_is_a_miss_and_is_dropped():
-    store = _make_store()
+    store = _make_store(verify_reads=True)
     keys = _chain(3)
     _put(store, keys)
     lease = store.acquire(NS.id, keys[1:2])
@@ -310,6 +312,25 @@ def test_corrupted_block_is_a_miss_and_is_dropped():
     stats = store.stats()
     assert (stats.checksum_failures, stats.num_blocks) == (1, 2)
     assert store.match(NS.id, keys).num_matched == 1
+
+
+def test_commit_with_wrong_checksum_aborts_and_commits_nothing():
+    store = _make_store()
+    keys = _chain(2)
+    res = store.reserve(NS.id, keys)
+    for i, key in enumerate(keys):
+        store.write(res.reservation_id, i, 0, _payload(key))
+    good = zlib.crc32(_payload(keys[0]))
+    with pytest.raises(errors.ChecksumMismatchError, match=r"blocks \[1\]"):
+        store.commit(res.reservation_id, [good, good])
+    store.check_integrity()
+    assert store.match(NS.id, keys).num_matched == 0
+    assert store.stats().tiers[0].num_blocks == 0  # the reservation was aborted
+    res = store.reserve(NS.id, keys)
+    for i, key in enumerate(keys):
+        store.write(res.reservation_id, i, 0, _payload(key))
+    crcs = [zlib.crc32(_payload(k)) for k in keys]
+    assert store.commit(res.reservation_id, crcs) == 2
 
 
 def test_hits_misses_and_bytes_are_counted():

@@ -14,10 +14,7 @@ from typing import Any
 from kvstore import errors
 from kvstore.results import ReserveResult
 
-
-class ChecksumMismatchError(errors.InvalidArgumentError):
-    """A block arrived short or altered (its crc32 differs from the sender's); nothing of
-    that put was committed."""
+ChecksumMismatchError = errors.ChecksumMismatchError  # raised by Store.commit
 
 
 class DataPlaneServer(ABC):
