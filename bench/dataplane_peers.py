@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
 import socket
 import struct
 import time
@@ -17,6 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from kvstore.dataplane.runtime import configure_ucx_env
 
 Cell = tuple[str, int, int]  # op, block_bytes, batch
 _REQ = struct.Struct("<cQQ")  # op, batch, block_bytes
@@ -114,7 +115,7 @@ _TAG_HELLO, _TAG_REQ, _TAG_ACK, _TAG_BLOCK = 1, 2, 3, 1 << 32
 
 def serve_ucxx(address_queue: Any) -> None:
     """Raw ucxx peer with the kvstore data plane's settings (worker address, no EH)."""
-    os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+    configure_ucx_env()  # the same transports as the kvstore data plane
     import ucxx
 
     async def main() -> None:
@@ -147,7 +148,7 @@ def serve_ucxx(address_queue: Any) -> None:
 
 
 def drive_ucxx(server_address: bytes, cells: list[Cell], reps: int) -> dict[Cell, list[float]]:
-    os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+    configure_ucx_env()  # the same transports as the kvstore data plane
     import ucxx
 
     async def main() -> dict[Cell, list[float]]:

@@ -23,7 +23,9 @@ class DramTier(SlabTier):
 
     def __init__(self, capacity_bytes: int, slab_bytes: int = DEFAULT_SLAB_BYTES) -> None:
         super().__init__(capacity_bytes, slab_bytes)
-        self._mmap = mmap.mmap(-1, self.capacity_bytes)
+        # Faulted in now, not on the first write of each page (~6x slower on the put path).
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
+        self._mmap = mmap.mmap(-1, self.capacity_bytes, flags=flags)
         self._pool = memoryview(self._mmap)
 
     @property

@@ -22,9 +22,20 @@ log = logging.getLogger("kvstore.dataplane")
 T = TypeVar("T")
 
 
+def configure_ucx_env() -> None:
+    """UCX settings of this process, unless the environment already says otherwise.
+
+    Endpoints run without UCX error handling (with it, same-host traffic falls back to TCP).
+    Then a peer that dies during a cross-memory-attach (CMA) copy makes UCX abort the whole
+    process, so CMA is left out: same-host transfers go through shared-memory segments.
+    """
+    os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+    os.environ.setdefault("UCX_TLS", "^cma")
+
+
 def load_ucxx() -> Any:
     """The `ucxx` module; raises UnavailableError when the `ucx` extra is not installed."""
-    os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+    configure_ucx_env()
     try:
         return importlib.import_module("ucxx")
     except ImportError as exc:
