@@ -23,6 +23,7 @@ class ConnectorRequest(NamedTuple):
 
     request_id: int
     num_prompt_tokens: int
+    parent_key: bytes | None = None  # chain key of the block before keys[0]; None: a root
 
 
 class KVConnector(ABC):

@@ -150,6 +150,14 @@ class Engine:
     def has_unfinished(self) -> bool:
         return bool(self._waiting or self._running)
 
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
     def add_request(
         self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None
     ) -> int:
@@ -237,21 +245,23 @@ class Engine:
             self.pool.release(reused[::-1])
             return False
         req.pages = reused + self.pool.allocate(need)
-        num_loaded = self._load(req, len(hits), keys[len(hits) :])
+        num_loaded = self._load(req, len(hits), keys)
         req.num_computed = (len(hits) + num_loaded) * self.config.block_tokens
         if req.local_cached_tokens is None:
             req.local_cached_tokens = len(hits) * self.config.block_tokens
             req.store_cached_tokens = num_loaded * self.config.block_tokens
         return True
 
-    def _load(self, req: Request, first_block: int, keys: list[bytes]) -> int:
-        """Asks the connector for blocks `first_block...`; caches and counts only those it
-        reports complete."""
+    def _load(self, req: Request, first_block: int, all_keys: list[bytes]) -> int:
+        """Asks the connector for blocks `first_block...` of `all_keys`; caches and counts
+        only those it reports complete."""
+        keys = all_keys[first_block:]
         if not keys:
             return 0
         blocks = [self._block_pages(req, first_block + i) for i in range(len(keys))]
+        parent = all_keys[first_block - 1] if first_block else None
         try:
-            num_loaded = self.connector.load(req.info, keys, blocks)
+            num_loaded = self.connector.load(req.info._replace(parent_key=parent), keys, blocks)
         except Exception:
             logger.exception("event=connector_load_failed request_id=%d", req.request_id)
             return 0
@@ -297,13 +307,14 @@ class Engine:
         last = req.num_computed // bt
         if last == first:
             return
-        keys = self._keys(req, last)[first:last]
+        all_keys = self._keys(req, last)
+        keys, parent = all_keys[first:last], all_keys[first - 1] if first else None
         blocks = [self._block_pages(req, i) for i in range(first, last)]
         if self.config.enable_prefix_cache:
             for key, pages in zip(keys, blocks, strict=True):
                 self.pool.insert(key, pages)
         try:
-            self.connector.save(req.info, keys, blocks)
+            self.connector.save(req.info._replace(parent_key=parent), keys, blocks)
         except Exception:
             logger.exception("event=connector_save_failed request_id=%d", req.request_id)
 

@@ -1,0 +1,219 @@
+"""`StoreConnector`: the engine's KV blocks to and from a kvstore node.
+
+Load (on admission, in the step loop): match the blocks' keys in the store, then receive
+the hits over UCX straight into the engine's pages (`KVCache.block_view`, no intermediate
+copy when ``page_tokens == block_tokens``; otherwise through one staging block), in batches
+of `load_batch_blocks`. Only a prefix of fully received blocks is ever reported loaded: a
+failed batch counts for nothing, and the engine recomputes from there.
+
+Save (after the forward pass that completed blocks): one copy of each block into a staging
+buffer, then a background thread puts them (`BlockPublisher`); the step loop never waits on
+the network.
+
+A store that errors or is unreachable is skipped for `retry_after_s`, so a dead store costs
+the engine one failed call per interval, not one per request.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+
+from gpu_engine.connector_base import BlockPages, ConnectorRequest, KVConnector
+from gpu_engine.kv_cache import KVCache
+from gpu_engine.publisher import BlockPublisher, PublishStats
+from kvstore.client import TRANSPORT_CHOICES, Client
+from kvstore.config import option
+from kvstore.errors import InvalidArgumentError, KVStoreError
+from kvstore.keys import Namespace
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StoreConnectorConfig:
+    """Where the store is and how the engine talks to it."""
+
+    store: str = option("", "store node host:port; empty: no store (local prefix cache only)")
+    transport: str = option("auto", f"bytes path to the store, one of {TRANSPORT_CHOICES}")
+    timeout_s: float = option(5.0, "deadline of every store call")
+    load_batch_blocks: int = option(64, "blocks per get; a failed batch loses only itself")
+    publish_buffers: int = option(512, "staging blocks for publishing; beyond them, dropped")
+    retry_after_s: float = option(2.0, "after a store error, skip the store this long")
+
+    def __post_init__(self) -> None:
+        if self.transport not in TRANSPORT_CHOICES:
+            raise InvalidArgumentError(f"transport must be one of {TRANSPORT_CHOICES}")
+        if self.timeout_s <= 0 or self.retry_after_s < 0:
+            raise InvalidArgumentError("timeout_s must be > 0 and retry_after_s >= 0")
+        if self.load_batch_blocks <= 0 or self.publish_buffers <= 0:
+            raise InvalidArgumentError("load_batch_blocks and publish_buffers must be > 0")
+
+
+class ConnectorStats(NamedTuple):
+    num_loaded_blocks: int
+    bytes_loaded: int
+    num_load_errors: int
+    publish: PublishStats
+
+
+class StoreConnector(KVConnector):
+    """A `KVConnector` over `kvstore.client.Client`; see the module docstring.
+
+    Args:
+        config: store address and limits.
+        clock: monotonic seconds, for the retry interval.
+    """
+
+    def __init__(
+        self, config: StoreConnectorConfig, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.config = config
+        self._clock = clock
+        self._client = Client(config.store, timeout_s=config.timeout_s, transport=config.transport)
+        self._namespace_id: bytes | None = None
+        self._skip_until = 0.0
+        self._num_loaded = 0
+        self._num_load_errors = 0
+        self._publisher: BlockPublisher | None = None
+        self._staging: torch.Tensor | None = None
+
+    def bind(self, cache: KVCache, namespace: Namespace) -> None:
+        super().bind(cache, namespace)
+        is_device = cache.pages.device.type != "cpu"
+        if cache.pages_per_block != 1:  # blocks are strided over pages: receive, then copy
+            self._staging = torch.empty(
+                cache.block_shape, dtype=cache.pages.dtype, device=cache.pages.device
+            )
+        self._publisher = BlockPublisher(
+            self._put_chain,
+            cache.block_shape,
+            cache.pages.dtype,
+            self.config.publish_buffers,
+            pin_memory=is_device and torch.cuda.is_available(),
+        )
+        self._ensure_registered()
+
+    @property
+    def is_connected(self) -> bool:
+        """Registered with the store and not pausing after an error; calls nothing."""
+        return self._namespace_id is not None and self._clock() >= self._skip_until
+
+    def load(
+        self, request: ConnectorRequest, keys: Sequence[bytes], pages: Sequence[BlockPages]
+    ) -> int:
+        if not keys or not self._ensure_registered():
+            return 0
+        assert self._namespace_id is not None
+        try:
+            num_hits = self._client.match(self._namespace_id, keys).num_matched
+        except KVStoreError as exc:
+            self._on_error("match", request, exc)
+            return 0
+        num_loaded = self._load_hits(request, keys[:num_hits], pages[:num_hits])
+        self._num_loaded += num_loaded
+        if num_hits:
+            logger.debug(
+                "event=store_load request_id=%d hits=%d loaded=%d",
+                request.request_id,
+                num_hits,
+                num_loaded,
+            )
+        return num_loaded
+
+    def save(
+        self, request: ConnectorRequest, keys: Sequence[bytes], pages: Sequence[BlockPages]
+    ) -> None:
+        if not keys or self._publisher is None or not self._ensure_registered():
+            return
+        self._publisher.offer(
+            keys, lambda i, out: self.cache.read_block(pages[i], out=out), request.parent_key
+        )
+
+    def drain(self, timeout_s: float | None = None) -> bool:
+        """Waits until every offered block was put; False on timeout."""
+        return self._publisher.drain(timeout_s) if self._publisher is not None else True
+
+    def stats(self) -> ConnectorStats:
+        publish = self._publisher.stats() if self._publisher else PublishStats(0, 0, 0, 0)
+        block_bytes = self.namespace.block_bytes if hasattr(self, "namespace") else 0
+        return ConnectorStats(
+            self._num_loaded, self._num_loaded * block_bytes, self._num_load_errors, publish
+        )
+
+    def close(self) -> None:
+        """Finishes queued publishes, then closes the store connection."""
+        if self._publisher is not None:
+            self._publisher.close()
+        self._client.close()
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _load_hits(
+        self, request: ConnectorRequest, keys: Sequence[bytes], pages: Sequence[BlockPages]
+    ) -> int:
+        """Receives blocks batch by batch; returns the length of the fully received prefix."""
+        assert self._namespace_id is not None
+        step = self.config.load_batch_blocks
+        for start in range(0, len(keys), step):
+            end = min(start + step, len(keys))
+            try:
+                found = self._get_into(keys[start:end], pages[start:end])
+            except KVStoreError as exc:
+                self._on_error("get", request, exc)
+                return start
+            num_found = next((i for i, f in enumerate(found) if not f), len(found))
+            if num_found < len(found):  # evicted since the match: stop at the gap
+                return start + num_found
+        return len(keys)
+
+    def _get_into(self, keys: Sequence[bytes], pages: Sequence[BlockPages]) -> tuple[bool, ...]:
+        assert self._namespace_id is not None
+        if self._staging is None:
+            views: list[Any] = [self.cache.block_view(p[0]) for p in pages]
+            return self._client.get_into(self._namespace_id, keys, views)
+        found = []
+        for key, block_pages in zip(keys, pages, strict=True):
+            hit = self._client.get_into(self._namespace_id, [key], [self._staging])[0]
+            if hit:
+                self.cache.write_block(block_pages, self._staging)
+            found.append(hit)
+            if not hit:
+                break
+        return tuple(found)
+
+    def _put_chain(
+        self, keys: Sequence[bytes], blocks: Sequence[torch.Tensor], parent: bytes | None
+    ) -> object:
+        assert self._namespace_id is not None
+        views = [b.reshape(-1).view(torch.uint8).numpy() for b in blocks]  # host staging
+        return self._client.put_chain(self._namespace_id, keys, views, parent)
+
+    def _ensure_registered(self) -> bool:
+        if self._namespace_id is not None and self._clock() >= self._skip_until:
+            return True
+        if self._clock() < self._skip_until:
+            return False
+        try:
+            self._namespace_id = self._client.register_namespace(self.namespace).namespace_id
+        except KVStoreError as exc:
+            self._on_error("register", None, exc)
+            return False
+        logger.info("event=store_bound store=%s namespace=%s", self.config.store, self.namespace)
+        return True
+
+    def _on_error(self, op: str, request: ConnectorRequest | None, exc: KVStoreError) -> None:
+        self._num_load_errors += op != "register"
+        self._skip_until = self._clock() + self.config.retry_after_s
+        logger.warning(
+            "event=store_error op=%s request_id=%s error=%s retry_after_s=%s",
+            op,
+            request.request_id if request else "-",
+            exc,
+            self.config.retry_after_s,
+        )
