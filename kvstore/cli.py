@@ -1,4 +1,4 @@
-"""`kvstore` command line: serve, demo, stats, health."""
+"""`kvstore` command line: serve, engine, demo, stats, health."""
 
 from __future__ import annotations
 
@@ -32,6 +32,21 @@ def _store_and_server(args: argparse.Namespace) -> tuple[StoreConfig, ServerConf
 def _cmd_serve(args: argparse.Namespace) -> int:
     store_config, server_config = _store_and_server(args)
     asyncio.run(serve(store_config, server_config))
+    return 0
+
+
+def _cmd_engine(args: argparse.Namespace) -> int:
+    # torch loads only for this command, so `kvstore serve` starts without it.
+    from gpu_engine.config import EngineConfig
+    from gpu_engine.connector import StoreConnectorConfig
+    from gpu_engine.service import EngineServiceConfig, serve_engine
+
+    file_values = cfg.load_file(args.config)
+    serve_engine(
+        cfg.build(EngineConfig, args, os.environ, file_values),
+        cfg.build(StoreConnectorConfig, args, os.environ, file_values),
+        cfg.build(EngineServiceConfig, args, os.environ, file_values),
+    )
     return 0
 
 
@@ -73,6 +88,22 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_serve)
 
 
+def _add_engine(sub: argparse._SubParsersAction, with_flags: bool) -> None:
+    """The engine's flags import torch, so they are added only when `engine` runs."""
+    p = sub.add_parser("engine", help="run an engine process (EngineService, gRPC) until SIGTERM")
+    p.add_argument("--config", default=None, help="TOML file with any of the options below")
+    p.set_defaults(func=_cmd_engine)
+    if not with_flags:
+        return
+    from gpu_engine.config import EngineConfig
+    from gpu_engine.connector import StoreConnectorConfig
+    from gpu_engine.service import EngineServiceConfig
+
+    cfg.add_arguments(p, EngineConfig)
+    cfg.add_arguments(p, StoreConnectorConfig)
+    cfg.add_arguments(p, EngineServiceConfig)
+
+
 def _add_demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="start an embedded store and run a prefix-reuse demo")
     p.add_argument("--dram-bytes", default="256MiB", help="DRAM tier of the embedded store")
@@ -89,11 +120,12 @@ def _add_client_command(
     p.set_defaults(func=func)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvstore", description=__doc__)
     parser.add_argument("--log-level", default="INFO")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_serve(sub)
+    _add_engine(sub, with_flags=command == "engine")
     _add_demo(sub)
     _add_client_command(sub, "stats", "print a store node's counters", _cmd_stats)
     _add_client_command(sub, "health", "exit 0 if a store node is serving", _cmd_health)
@@ -101,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser("engine" if "engine" in argv else None).parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
     try:
         return args.func(args)

@@ -254,3 +254,89 @@ class DataPlaneInfoResponse(_message.Message):
     server_address: bytes
     client_id: int
     def __init__(self, transport: _Optional[str] = ..., server_address: _Optional[bytes] = ..., client_id: _Optional[int] = ...) -> None: ...
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("prompt_token_ids", "max_tokens", "temperature", "seed", "stop_token_ids", "return_logits")
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    RETURN_LOGITS_FIELD_NUMBER: _ClassVar[int]
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    max_tokens: int
+    temperature: float
+    seed: int
+    stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    return_logits: bool
+    def __init__(self, prompt_token_ids: _Optional[_Iterable[int]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., return_logits: _Optional[bool] = ...) -> None: ...
+
+class GenerateUsage(_message.Message):
+    __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens", "local_cached_tokens", "store_cached_tokens")
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STORE_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    local_cached_tokens: int
+    store_cached_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., local_cached_tokens: _Optional[int] = ..., store_cached_tokens: _Optional[int] = ...) -> None: ...
+
+class GenerateMetrics(_message.Message):
+    __slots__ = ("ttft_s", "tpot_s")
+    TTFT_S_FIELD_NUMBER: _ClassVar[int]
+    TPOT_S_FIELD_NUMBER: _ClassVar[int]
+    ttft_s: float
+    tpot_s: float
+    def __init__(self, ttft_s: _Optional[float] = ..., tpot_s: _Optional[float] = ...) -> None: ...
+
+class GenerateResponse(_message.Message):
+    __slots__ = ("request_id", "token_ids", "finish_reason", "usage", "metrics", "logits")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    LOGITS_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    finish_reason: str
+    usage: GenerateUsage
+    metrics: GenerateMetrics
+    logits: bytes
+    def __init__(self, request_id: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., usage: _Optional[_Union[GenerateUsage, _Mapping]] = ..., metrics: _Optional[_Union[GenerateMetrics, _Mapping]] = ..., logits: _Optional[bytes] = ...) -> None: ...
+
+class LoadRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class LoadResponse(_message.Message):
+    __slots__ = ("num_waiting", "num_running", "num_free_pages", "num_pages", "num_cached_blocks", "block_tokens", "store_connected", "num_store_loaded_blocks", "bytes_loaded", "num_published_blocks", "num_dropped_blocks", "num_pending_blocks")
+    NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
+    NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    NUM_FREE_PAGES_FIELD_NUMBER: _ClassVar[int]
+    NUM_PAGES_FIELD_NUMBER: _ClassVar[int]
+    NUM_CACHED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STORE_CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    NUM_STORE_LOADED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_LOADED_FIELD_NUMBER: _ClassVar[int]
+    NUM_PUBLISHED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_DROPPED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_PENDING_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    num_waiting: int
+    num_running: int
+    num_free_pages: int
+    num_pages: int
+    num_cached_blocks: int
+    block_tokens: int
+    store_connected: bool
+    num_store_loaded_blocks: int
+    bytes_loaded: int
+    num_published_blocks: int
+    num_dropped_blocks: int
+    num_pending_blocks: int
+    def __init__(self, num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., num_free_pages: _Optional[int] = ..., num_pages: _Optional[int] = ..., num_cached_blocks: _Optional[int] = ..., block_tokens: _Optional[int] = ..., store_connected: _Optional[bool] = ..., num_store_loaded_blocks: _Optional[int] = ..., bytes_loaded: _Optional[int] = ..., num_published_blocks: _Optional[int] = ..., num_dropped_blocks: _Optional[int] = ..., num_pending_blocks: _Optional[int] = ...) -> None: ...

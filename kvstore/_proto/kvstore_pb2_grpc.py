@@ -491,3 +491,130 @@ class KVStore:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class EngineServiceStub:
+    """---------------------------------------------------------------------------------------
+    The engine process (`kvstore engine`): generation for clients, load for a scheduler.
+    Errors use the same status codes and "kvstore-error" metadata as the store.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Generate = channel.unary_stream(
+                '/kvstore.v1.EngineService/Generate',
+                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.GenerateRequest.SerializeToString,
+                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.GenerateResponse.FromString,
+                _registered_method=True)
+        self.Load = channel.unary_unary(
+                '/kvstore.v1.EngineService/Load',
+                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.LoadRequest.SerializeToString,
+                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.LoadResponse.FromString,
+                _registered_method=True)
+
+
+class EngineServiceServicer:
+    """---------------------------------------------------------------------------------------
+    The engine process (`kvstore engine`): generation for clients, load for a scheduler.
+    Errors use the same status codes and "kvstore-error" metadata as the store.
+    """
+
+    def Generate(self, request, context):
+        """Streams every token as it is sampled; the last message has finish_reason, usage and
+        metrics (and the final logits when asked for).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Load(self, request, context):
+        """What a cache-aware scheduler routes on: queue, running requests, pages, cached blocks.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_EngineServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Generate': grpc.unary_stream_rpc_method_handler(
+                    servicer.Generate,
+                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.GenerateRequest.FromString,
+                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.GenerateResponse.SerializeToString,
+            ),
+            'Load': grpc.unary_unary_rpc_method_handler(
+                    servicer.Load,
+                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.LoadRequest.FromString,
+                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.LoadResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'kvstore.v1.EngineService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('kvstore.v1.EngineService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class EngineService:
+    """---------------------------------------------------------------------------------------
+    The engine process (`kvstore engine`): generation for clients, load for a scheduler.
+    Errors use the same status codes and "kvstore-error" metadata as the store.
+    """
+
+    @staticmethod
+    def Generate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/kvstore.v1.EngineService/Generate',
+            kvstore_dot___proto_dot_kvstore__pb2.GenerateRequest.SerializeToString,
+            kvstore_dot___proto_dot_kvstore__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Load(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.EngineService/Load',
+            kvstore_dot___proto_dot_kvstore__pb2.LoadRequest.SerializeToString,
+            kvstore_dot___proto_dot_kvstore__pb2.LoadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

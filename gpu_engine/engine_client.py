@@ -1,0 +1,131 @@
+"""`EngineClient`: calls an engine process's EngineService (Generate, Load) over gRPC."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple
+
+import grpc
+import numpy as np
+
+from gpu_engine.engine import Usage
+from gpu_engine.runner import EngineLoad
+from gpu_engine.sampling import SamplingParams
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.client import _raise
+from kvstore.errors import UnavailableError
+
+
+class GenerateChunk(NamedTuple):
+    """One message of a Generate stream, as the client saw it."""
+
+    token_ids: tuple[int, ...]  # new since the previous chunk
+    received_s: float  # client clock (time.perf_counter) on arrival
+    finish_reason: str | None
+
+
+class GenerateResult(NamedTuple):
+    """A finished request, with latencies seen by the client and by the engine."""
+
+    request_id: int
+    output_token_ids: tuple[int, ...]
+    finish_reason: str
+    usage: Usage
+    ttft_s: float  # client: call to first token
+    tpot_s: float | None  # client: mean gap between tokens after the first
+    engine_ttft_s: float  # engine: arrival to first token
+    engine_tpot_s: float | None
+    logits: np.ndarray | None  # (vocab,) fp32 of the last token, when asked for
+
+
+class EngineClient:
+    """Blocking, thread-safe client of one engine process.
+
+    Args:
+        address: "host:port" of `kvstore engine`.
+        timeout_s: deadline of a whole Generate stream or a Load call.
+    """
+
+    def __init__(self, address: str, timeout_s: float = 600.0) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self._channel = grpc.insecure_channel(address)
+        self._stub = pb_grpc.EngineServiceStub(self._channel)
+
+    def __enter__(self) -> EngineClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        """Blocks until the engine answers; raises UnavailableError after the timeout."""
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=timeout_s)
+        except grpc.FutureTimeoutError:
+            raise UnavailableError(f"engine at {self.address} is not reachable") from None
+
+    def generate(
+        self,
+        prompt: Sequence[int],
+        params: SamplingParams | None = None,
+        return_logits: bool = False,
+    ) -> GenerateResult:
+        """Runs one request to the end; TTFT and TPOT as this client saw the stream."""
+        start = time.perf_counter()
+        tokens: list[int] = []
+        arrivals: list[float] = []
+        final = None
+        for msg in self._stream(prompt, params or SamplingParams(), return_logits):
+            now = time.perf_counter()
+            tokens += msg.token_ids
+            arrivals += [now] * len(msg.token_ids)
+            final = msg
+        assert final is not None and final.finish_reason, "stream ended without a final message"
+        return _result(final, tuple(tokens), start, arrivals)
+
+    def load(self) -> EngineLoad:
+        try:
+            msg = self._stub.Load(pb.LoadRequest(), timeout=self.timeout_s)
+        except grpc.RpcError as err:
+            _raise(err)
+        return EngineLoad(**{name: getattr(msg, name) for name in EngineLoad._fields})
+
+    def _stream(
+        self, prompt: Sequence[int], params: SamplingParams, return_logits: bool
+    ) -> Iterator[pb.GenerateResponse]:
+        request = pb.GenerateRequest(
+            prompt_token_ids=list(prompt),
+            max_tokens=params.max_tokens,
+            temperature=params.temperature,
+            seed=params.seed,
+            stop_token_ids=list(params.stop_token_ids),
+            return_logits=return_logits,
+        )
+        try:
+            yield from self._stub.Generate(request, timeout=self.timeout_s)
+        except grpc.RpcError as err:
+            _raise(err)
+
+
+def _result(
+    final: pb.GenerateResponse, tokens: tuple[int, ...], start: float, arrivals: list[float]
+) -> GenerateResult:
+    gaps = arrivals[-1] - arrivals[0] if len(arrivals) > 1 else None
+    usage = final.usage
+    return GenerateResult(
+        request_id=final.request_id,
+        output_token_ids=tokens,
+        finish_reason=final.finish_reason,
+        usage=Usage(*(getattr(usage, name) for name in Usage._fields)),
+        ttft_s=arrivals[0] - start,
+        tpot_s=gaps / (len(arrivals) - 1) if gaps is not None else None,
+        engine_ttft_s=final.metrics.ttft_s,
+        engine_tpot_s=final.metrics.tpot_s or None,
+        logits=np.frombuffer(final.logits, dtype="<f4").copy() if final.logits else None,
+    )

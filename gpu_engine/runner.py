@@ -1,0 +1,130 @@
+"""`EngineRunner`: an `Engine` driven by its own thread, fed from any thread.
+
+The engine is not thread-safe, so exactly one thread (the runner's) calls it: it admits
+submitted requests between steps, steps while anything is unfinished and hands each output
+to the stream of its request. Callers `submit` from any thread and read a `queue.Queue` of
+`RequestOutput` (and, when a request is refused, the exception) until an output is finished.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from gpu_engine.connector import StoreConnector
+from gpu_engine.engine import Engine, RequestOutput
+from gpu_engine.sampling import SamplingParams
+from kvstore.errors import KVStoreError
+
+logger = logging.getLogger(__name__)
+
+OutputStream = queue.Queue[RequestOutput | Exception]
+
+
+class EngineLoad(NamedTuple):
+    """What a scheduler routes on."""
+
+    num_waiting: int  # submitted, not yet admitted
+    num_running: int
+    num_free_pages: int  # free or evictable
+    num_pages: int
+    num_cached_blocks: int
+    block_tokens: int
+    store_connected: bool
+    num_store_loaded_blocks: int
+    bytes_loaded: int
+    num_published_blocks: int
+    num_dropped_blocks: int
+    num_pending_blocks: int
+
+
+class _Submission(NamedTuple):
+    prompt: list[int]
+    params: SamplingParams
+    stream: OutputStream
+
+
+class EngineRunner:
+    """Runs `engine` on a background thread; see the module docstring.
+
+    Args:
+        engine: the engine this runner owns from `start` to `stop`.
+        connector: the engine's store connector, for load reports; None without a store.
+    """
+
+    def __init__(self, engine: Engine, connector: StoreConnector | None = None) -> None:
+        self.engine = engine
+        self.connector = connector
+        self._inbox: queue.SimpleQueue[_Submission | None] = queue.SimpleQueue()
+        self._num_inbox = 0  # submitted, not yet taken by the engine thread
+        self._lock = threading.Lock()
+        self._streams: dict[int, OutputStream] = {}
+        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+
+    def start(self) -> EngineRunner:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Finishes nothing more: stops after the current step."""
+        self._inbox.put(None)
+        self._thread.join()
+
+    def submit(self, prompt: Sequence[int], params: SamplingParams) -> OutputStream:
+        """Queues a request; its outputs (or the error refusing it) arrive on the stream."""
+        stream: OutputStream = queue.Queue()
+        with self._lock:
+            self._num_inbox += 1
+        self._inbox.put(_Submission(list(prompt), params, stream))
+        return stream
+
+    def load(self) -> EngineLoad:
+        engine = self.engine
+        stats = self.connector.stats() if self.connector is not None else None
+        publish = stats.publish if stats is not None else None
+        return EngineLoad(
+            num_waiting=engine.num_waiting + self._num_inbox,
+            num_running=engine.num_running,
+            num_free_pages=engine.pool.num_available,
+            num_pages=engine.config.num_pages,
+            num_cached_blocks=engine.pool.num_cached_blocks,
+            block_tokens=engine.config.block_tokens,
+            store_connected=self.connector is not None and self.connector.is_connected,
+            num_store_loaded_blocks=stats.num_loaded_blocks if stats else 0,
+            bytes_loaded=stats.bytes_loaded if stats else 0,
+            num_published_blocks=publish.num_published_blocks if publish else 0,
+            num_dropped_blocks=publish.num_dropped_blocks if publish else 0,
+            num_pending_blocks=publish.num_pending_blocks if publish else 0,
+        )
+
+    def _run(self) -> None:
+        while True:
+            if not self._take_submissions(block=not self.engine.has_unfinished):
+                return
+            for out in self.engine.step():
+                stream = self._streams[out.request_id]
+                if out.finished:
+                    del self._streams[out.request_id]
+                stream.put(out)
+
+    def _take_submissions(self, block: bool) -> bool:
+        """Admits everything submitted (waiting for one when `block`); False on stop."""
+        while True:
+            try:
+                sub = self._inbox.get(block=block)
+            except queue.Empty:
+                return True
+            if sub is None:
+                return False
+            with self._lock:
+                self._num_inbox -= 1
+            block = False
+            try:
+                request_id = self.engine.add_request(sub.prompt, sub.params)
+            except KVStoreError as exc:
+                sub.stream.put(exc)
+                continue
+            self._streams[request_id] = sub.stream

@@ -1,0 +1,173 @@
+"""The engine process: `EngineService` over gRPC (Generate, Load) in front of an `EngineRunner`.
+
+A thread-pool gRPC server: each Generate call submits its request to the runner and streams
+the tokens from the request's output stream as the engine thread samples them. Protobuf
+types stop here and in `gpu_engine.engine_client`.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Iterator
+from concurrent import futures
+from dataclasses import dataclass
+
+import grpc
+
+from gpu_engine.config import EngineConfig
+from gpu_engine.connector import StoreConnector, StoreConnectorConfig
+from gpu_engine.engine import Engine, RequestOutput
+from gpu_engine.runner import EngineRunner
+from gpu_engine.sampling import SamplingParams
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.config import option
+from kvstore.errors import ERROR_METADATA_KEY, InvalidArgumentError, KVStoreError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineServiceConfig:
+    """Where the engine listens."""
+
+    host: str = option("127.0.0.1", "address to listen on")
+    port: int = option(50061, "gRPC port of the EngineService; 0 picks a free one")
+    max_workers: int = option(64, "gRPC threads: the most Generate streams served at once")
+    grace_s: float = option(5.0, "on SIGTERM, how long running streams may finish")
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port < 65536:
+            raise InvalidArgumentError(f"port must be in [0, 65536), got {self.port}")
+        if self.max_workers <= 0:
+            raise InvalidArgumentError("max_workers must be > 0")
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def _abort(context: grpc.ServicerContext, exc: KVStoreError) -> None:
+    context.set_trailing_metadata(((ERROR_METADATA_KEY, type(exc).__name__),))
+    context.abort(grpc.StatusCode[exc.code], str(exc))
+
+
+def _params(request: pb.GenerateRequest) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=request.max_tokens or 16,
+        temperature=request.temperature,
+        seed=request.seed if request.HasField("seed") else None,
+        stop_token_ids=tuple(request.stop_token_ids),
+    )
+
+
+def _response(out: RequestOutput, num_sent: int, return_logits: bool) -> pb.GenerateResponse:
+    msg = pb.GenerateResponse(
+        request_id=out.request_id,
+        token_ids=out.output_token_ids[num_sent:],
+        finish_reason=out.finish_reason or "",
+    )
+    if out.finished:
+        msg.usage.CopyFrom(pb.GenerateUsage(**out.usage._asdict()))
+        ttft, tpot = out.metrics.ttft_s, out.metrics.tpot_s
+        msg.metrics.CopyFrom(pb.GenerateMetrics(ttft_s=ttft or 0.0, tpot_s=tpot or 0.0))
+        if return_logits and out.logits is not None:
+            msg.logits = out.logits.float().numpy().astype("<f4").tobytes()
+    return msg
+
+
+class EngineServicer(pb_grpc.EngineServiceServicer):
+    """Generate and Load over one `EngineRunner`."""
+
+    def __init__(self, runner: EngineRunner) -> None:
+        self.runner = runner
+
+    def Generate(
+        self, request: pb.GenerateRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.GenerateResponse]:
+        try:
+            params = _params(request)
+        except (KVStoreError, ValueError) as exc:
+            _abort(context, InvalidArgumentError(str(exc)))
+        stream = self.runner.submit(list(request.prompt_token_ids), params)
+        num_sent = 0
+        while True:
+            out = stream.get()
+            if isinstance(out, KVStoreError):
+                _abort(context, out)
+            assert isinstance(out, RequestOutput), f"unexpected stream item {out!r}"
+            yield _response(out, num_sent, request.return_logits)
+            num_sent = len(out.output_token_ids)
+            if out.finished:
+                return
+
+    def Load(self, request: pb.LoadRequest, context: grpc.ServicerContext) -> pb.LoadResponse:
+        return pb.LoadResponse(**self.runner.load()._asdict())
+
+
+class EngineServer:
+    """An engine, its store connector, its runner thread and its gRPC server.
+
+    Example:
+        >>> with EngineServer(EngineConfig(), StoreConnectorConfig(store="127.0.0.1:50051"),
+        ...                   EngineServiceConfig(port=0)) as server:
+        ...     client = EngineClient(server.address)
+    """
+
+    def __init__(
+        self,
+        engine_config: EngineConfig,
+        connector_config: StoreConnectorConfig,
+        config: EngineServiceConfig,
+    ) -> None:
+        self.config = config
+        self.connector = StoreConnector(connector_config) if connector_config.store else None
+        self.runner = EngineRunner(Engine(engine_config, self.connector), self.connector)
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.max_workers))
+        pb_grpc.add_EngineServiceServicer_to_server(EngineServicer(self.runner), self._server)
+        self.port = self._server.add_insecure_port(config.address)
+
+    @property
+    def address(self) -> str:
+        return f"{self.config.host}:{self.port}"
+
+    def start(self) -> EngineServer:
+        self.runner.start()
+        self._server.start()
+        return self
+
+    def stop(self, grace_s: float | None = None) -> None:
+        self._server.stop(grace_s).wait()
+        self.runner.stop()
+        if self.connector is not None:
+            self.connector.close()
+
+    def __enter__(self) -> EngineServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def serve_engine(
+    engine_config: EngineConfig,
+    connector_config: StoreConnectorConfig,
+    config: EngineServiceConfig,
+) -> None:
+    """Runs an engine process until SIGTERM or SIGINT, then lets streams finish and exits."""
+    server = EngineServer(engine_config, connector_config, config).start()
+    logger.info(
+        "event=engine_serving address=%s model=%s store=%s",
+        server.address,
+        engine_config.model,
+        connector_config.store or "-",
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    logger.info("event=engine_draining grace_s=%s", config.grace_s)
+    server.stop(config.grace_s)
+    logger.info("event=engine_stopped")

@@ -1,0 +1,106 @@
+"""`kvstore engine` processes behind a real store: Generate streams the same tokens and logits
+as an in-process engine, a second engine loads what the first published, Load reports the
+engine's state, and bad requests get INVALID_ARGUMENT without hurting the server."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gpu_engine.config import EngineConfig
+from gpu_engine.connector import StoreConnectorConfig
+from gpu_engine.engine import Engine
+from gpu_engine.engine_client import EngineClient
+from gpu_engine.sampling import SamplingParams
+from gpu_engine.service import EngineServer, EngineServiceConfig
+from kvstore.errors import InvalidArgumentError
+from tests.conftest import free_port
+
+BLOCK = 8
+ENGINE_FLAGS = ("--block-tokens", str(BLOCK), "--page-tokens", str(BLOCK), "--num-pages", "256")
+GREEDY = SamplingParams(max_tokens=5)
+
+
+def _prompt(seed: int, length: int) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 512, (length,), generator=gen).tolist()
+
+
+@pytest.fixture
+def engine_factory(tmp_path: Path) -> Iterator:
+    started: list[tuple[subprocess.Popen, Path]] = []
+
+    def factory(*args: str) -> EngineClient:
+        port = free_port()
+        log_path = tmp_path / f"engine-{port}.log"
+        cmd = [sys.executable, "-m", "kvstore.cli", "engine", "--port", str(port), *args]
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        started.append((proc, log_path))
+        client = EngineClient(f"127.0.0.1:{port}", timeout_s=60.0)
+        client.wait_ready(timeout_s=60.0)
+        return client
+
+    yield factory
+    for proc, log_path in started:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, log_path.read_text()
+
+
+def test_engine_processes_share_blocks_through_the_store(store, engine_factory):
+    prompt = _prompt(1, 6 * BLOCK + 5)
+    local = Engine(EngineConfig(block_tokens=BLOCK, page_tokens=BLOCK, enable_prefix_cache=False))
+    ref = local.generate([prompt], GREEDY)[0]
+    first = engine_factory("--store", store.address, *ENGINE_FLAGS)
+    second = engine_factory("--store", store.address, *ENGINE_FLAGS)
+
+    out = first.generate(prompt, GREEDY, return_logits=True)
+    assert out.output_token_ids == ref.output_token_ids
+    assert out.usage.cached_tokens == 0
+    assert out.logits is not None and ref.logits is not None
+    np.testing.assert_allclose(out.logits, ref.logits.numpy(), atol=1e-4, rtol=0)
+    assert out.ttft_s >= out.engine_ttft_s > 0
+
+    for _ in range(100):  # publishing is asynchronous
+        if first.load().num_pending_blocks == 0:
+            break
+    load = first.load()
+    assert load.store_connected and load.num_published_blocks >= 6
+    assert load.num_running == load.num_waiting == 0
+
+    loaded = second.generate(prompt, GREEDY, return_logits=True)
+    assert loaded.usage.store_cached_tokens == 6 * BLOCK
+    assert loaded.output_token_ids == ref.output_token_ids
+    assert loaded.logits is not None
+    np.testing.assert_allclose(loaded.logits, ref.logits.numpy(), atol=1e-4, rtol=0)
+    block_bytes = local.config.namespace.block_bytes
+    assert second.load().bytes_loaded == 6 * block_bytes
+
+
+def test_in_process_server_streams_concurrent_requests_and_rejects_bad_input():
+    config = EngineConfig(block_tokens=BLOCK, page_tokens=BLOCK)
+    with (
+        EngineServer(config, StoreConnectorConfig(), EngineServiceConfig(port=0)) as server,
+        EngineClient(server.address) as client,
+    ):
+        with pytest.raises(InvalidArgumentError):
+            client.generate([100_000])  # outside the vocabulary
+        with pytest.raises(InvalidArgumentError):
+            client.generate([])
+        prompts = [_prompt(seed, 20 + seed) for seed in range(4)]
+        ref = Engine(config).generate(prompts, GREEDY)
+        with ThreadPoolExecutor(4) as pool:
+            outs = list(pool.map(lambda p: client.generate(p, GREEDY), prompts))
+        assert [o.output_token_ids for o in outs] == [r.output_token_ids for r in ref]
+        assert all(o.finish_reason == "length" for o in outs)
+        load = client.load()
+        assert not load.store_connected
+        assert load.num_free_pages == load.num_pages == config.num_pages
