@@ -235,7 +235,9 @@ async def serve(store_config: StoreConfig, config: ServerConfig) -> None:
     expirer.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await expirer
-    log.info("event=stopped blocks=%d", store.stats().num_blocks)
+    num_blocks = store.stats().num_blocks
+    store.close()  # stops the demoter, flushes and closes the SSD tier
+    log.info("event=stopped blocks=%d", num_blocks)
 
 
 class EmbeddedServer:
@@ -278,6 +280,7 @@ class EmbeddedServer:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()
+        self.store.close()
 
     def __enter__(self) -> EmbeddedServer:
         return self.start()
