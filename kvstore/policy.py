@@ -74,45 +74,6 @@ class LRUPolicy(EvictionPolicy):
         return len(self._order)
 
 
-class PrefixLRUPolicy(LRUPolicy):
-    """LRU over chain tails only: a block is a candidate once none of its children is stored.
-
-    Evicting a parent makes every descendant unreachable by prefix match, so tails go
-    first. A hit touches the chain tail-first, leaving the root the most recent, so the
-    LRU order itself already favours tails and the leaf filter rarely skips anything.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._parent: dict[bytes, bytes] = {}
-        self._children: dict[bytes, set[bytes]] = {}
-
-    def insert(self, key: bytes, parent: bytes | None) -> None:
-        super().insert(key, parent)
-        self._children.setdefault(key, set())
-        if parent is not None and parent in self._order:
-            self._parent[key] = parent
-            self._children[parent].add(key)
-            self.touch([parent])
-
-    def touch(self, keys: Sequence[bytes]) -> None:
-        super().touch(list(reversed(keys)))
-
-    def remove(self, key: bytes) -> None:
-        if key not in self._order:
-            return
-        super().remove(key)
-        # Children of a removed key are unreachable by prefix; they become roots here.
-        for child in self._children.pop(key):
-            del self._parent[child]
-        parent = self._parent.pop(key, None)
-        if parent is not None:
-            self._children[parent].discard(key)
-
-    def candidates(self) -> Iterator[bytes]:
-        return (key for key in self._order if not self._children[key])
-
-
 class _Chains:
     """Parent/child links among tracked keys; a key none of whose children is stored is a tail."""
 
@@ -134,8 +95,41 @@ class _Chains:
         if parent is not None:
             self._children[parent].discard(key)
 
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._children
+
     def is_tail(self, key: bytes) -> bool:
         return not self._children[key]
+
+
+class PrefixLRUPolicy(LRUPolicy):
+    """LRU over chain tails only: a block is a candidate once none of its children is stored.
+
+    Evicting a parent makes every descendant unreachable by prefix match, so tails go
+    first. A hit touches the chain tail-first, leaving the root the most recent, so the
+    LRU order itself already favours tails and the tail filter rarely skips anything.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._chains = _Chains()
+
+    def insert(self, key: bytes, parent: bytes | None) -> None:
+        super().insert(key, parent)
+        self._chains.link(key, parent)
+        if parent is not None and parent in self._chains:
+            self.touch([parent])
+
+    def touch(self, keys: Sequence[bytes]) -> None:
+        super().touch(list(reversed(keys)))
+
+    def remove(self, key: bytes) -> None:
+        if key in self._chains:
+            super().remove(key)
+            self._chains.unlink(key)
+
+    def candidates(self) -> Iterator[bytes]:
+        return (key for key in self._order if self._chains.is_tail(key))
 
 
 class Prefix2QPolicy(EvictionPolicy):
@@ -186,7 +180,7 @@ class Prefix2QPolicy(EvictionPolicy):
                 self._protected.move_to_end(key)
 
     def remove(self, key: bytes) -> None:
-        if key not in self._chains._children:
+        if key not in self._chains:
             return
         self._chains.unlink(key)
         self._dead_ends.pop(key, None)

@@ -32,12 +32,13 @@ def _check_integrity(policy: EvictionPolicy) -> None:
         assert len(policy._order) == len(policy)
         assert set(candidates) <= set(policy._order)
     if isinstance(policy, PrefixLRUPolicy):
-        assert set(policy._children) == set(policy._order)
-        for child, parent in policy._parent.items():
-            assert child in policy._children[parent]
-        for parent, children in policy._children.items():
-            assert all(policy._parent[c] == parent for c in children)
-        assert candidates == [k for k in policy._order if not policy._children[k]]
+        chains = policy._chains
+        assert set(chains._children) == set(policy._order)
+        for child, parent in chains._parent.items():
+            assert child in chains._children[parent]
+        for parent, children in chains._children.items():
+            assert all(chains._parent[c] == parent for c in children)
+        assert candidates == [k for k in policy._order if not chains._children[k]]
 
 
 def _candidates(policy: EvictionPolicy) -> list[bytes]:
