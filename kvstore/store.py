@@ -438,6 +438,8 @@ class Store:
             assert t.dram.stats().num_slots == slots, "DRAM slots and entries disagree"
             if t.ssd is not None:
                 assert t.ssd.stats().num_slots == len(t.ssd_policy), "SSD records and entries"
+            both = {e.key for e in committed if e.slot is not None and e.on_ssd}
+            assert set(t._redundant) == both, "redundant copies are mistracked"
             for entry in self._index:
                 live = sum(e is entry for e in leased)
                 assert entry.num_leases == live, f"lease count of {entry.key.hex()[:8]} is off"

@@ -67,6 +67,7 @@ class Tiering:
         self.dram_policy = make_policy(config.policy)
         self.ssd_policy = make_policy(config.ssd_policy)
         self.counters = TieringCounters()
+        self._redundant: dict[bytes, Entry] = {}  # on SSD and in DRAM, oldest first
         self._seq = 0
         self._wake = threading.Condition(lock)
         self._closing = False
@@ -122,6 +123,7 @@ class Tiering:
 
     def _free_dram(self, entry: Entry) -> None:
         assert entry.slot is not None
+        self._redundant.pop(entry.key, None)
         self.dram_policy.remove(entry.key)
         if entry.num_leases == 0:
             self.dram.free(entry.slot)
@@ -188,6 +190,7 @@ class Tiering:
             return None
         if slot is not None:
             entry.slot = slot
+            self._redundant[entry.key] = entry
             self.dram_policy.insert(entry.key, entry.parent)
             self.counters.promotions += 1
             self.counters.tiers["dram"].bytes_written += entry.nbytes
@@ -301,6 +304,8 @@ class Tiering:
     def _finish_write(self, entries: list[Entry]) -> None:
         for entry in entries:
             entry.on_ssd = True
+            if entry.slot is not None:
+                self._redundant[entry.key] = entry
             self.ssd_policy.insert(entry.key, entry.parent)
             self.counters.tiers["ssd"].bytes_written += entry.nbytes
         self.counters.demotions += len(entries)
@@ -314,6 +319,13 @@ class Tiering:
             return []
         target = self.config.ssd_low_watermark * cap - needed
         delete: list[bytes] = []
+        # SSD copies of blocks still in DRAM go first: the block stays servable, and the SSD
+        # holds DRAM + SSD distinct blocks under pressure instead of SSD alone.
+        while used > target and self._redundant:
+            entry = next(iter(self._redundant.values()))
+            self._give_up_ssd_copy(entry)
+            delete.append(entry.key)
+            used -= entry.nbytes
         while used > target:
             victims = self._ssd_victims(used - target)
             if not victims:
@@ -340,6 +352,7 @@ class Tiering:
     def _give_up_ssd_copy(self, entry: Entry) -> None:
         """Forgets the SSD copy (the caller deletes the record); drops a block left nowhere."""
         self.ssd_policy.remove(entry.key)
+        self._redundant.pop(entry.key, None)
         entry.on_ssd = False
         if entry.slot is None:
             self.index.pop(entry.key)
