@@ -1,0 +1,316 @@
+"""vLLM KV connector: kvstore as vLLM's external prefix cache.
+
+Enable it with one setting (see README, "Use with vLLM")::
+
+    kv_transfer_config={
+        "kv_connector": "KVStoreConnector",
+        "kv_connector_module_path": "kvstore.integrations.vllm",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"kvstore.address": "127.0.0.1:50051"},
+    }
+
+Scheduler side: hashes each prompt's full blocks into kvstore keys (namespace: model,
+KV layout, block size; the request's `cache_salt` as tenant salt), asks the store for the
+longest stored prefix and plans loads and saves. Worker side: loads planned blocks into
+vLLM's paged cache before the forward pass and publishes newly computed prompt blocks
+after it, from a background thread. A block that cannot be loaded is reported to vLLM,
+which recomputes it; the connector never lets the model read a block it did not fill.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+from kvstore.client import Client
+from kvstore.errors import KVStoreError
+from kvstore.integrations.vllm_blocks import PagedBlocks
+from kvstore.integrations.vllm_config import ConnectorConfig
+from kvstore.integrations.vllm_plan import (
+    BlockTransfer,
+    RequestBlocks,
+    loadable_prefix_len,
+)
+from kvstore.keys import KVLayout, Namespace
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+log = logging.getLogger("kvstore.integrations.vllm")
+
+
+def _log_through_vllm() -> None:
+    """Sends this module's records to vLLM's handlers, so they appear in vLLM's log."""
+    if not log.handlers:
+        vllm_log = logging.getLogger("vllm")
+        for handler in vllm_log.handlers:
+            log.addHandler(handler)
+        log.setLevel(vllm_log.level or logging.INFO)
+        log.propagate = False
+
+
+@dataclass
+class KVStoreConnectorMetadata(KVConnectorMetadata):
+    """One step's plan, sent from the scheduler to every worker."""
+
+    loads: list[BlockTransfer] = field(default_factory=list)
+    saves: list[BlockTransfer] = field(default_factory=list)
+
+
+def _cache_dtype(vllm_config: VllmConfig) -> str:
+    cache_dtype = vllm_config.cache_config.cache_dtype
+    if cache_dtype in (None, "auto"):
+        return str(vllm_config.model_config.dtype).removeprefix("torch.")
+    return {"fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}.get(
+        cache_dtype, cache_dtype
+    )
+
+
+def namespace_for(vllm_config: VllmConfig, model_id: str, salt: str | None) -> Namespace:
+    """The namespace of one engine's blocks; the device kind names the paged layout."""
+    model = vllm_config.model_config
+    parallel = vllm_config.parallel_config
+    layout = KVLayout(
+        _cache_dtype(vllm_config),
+        model.get_num_layers(parallel),
+        model.get_num_kv_heads(parallel),
+        model.get_head_size(),
+        vllm_config.cache_config.block_size,
+    )
+    device = vllm_config.device_config.device_type
+    name = f"vllm/{device}/{model_id or model.model}"
+    return Namespace(name, layout, (salt or "").encode())
+
+
+class KVStoreConnector(KVConnectorBase_V1):
+    """kvstore as vLLM's external prefix cache (`kv_role` "kv_both")."""
+
+    def __init__(
+        self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
+    ) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        _log_through_vllm()
+        extra = self._kv_transfer_config.kv_connector_extra_config or {}
+        self.config = ConnectorConfig.from_extra_config(extra)
+        self.block_tokens = vllm_config.cache_config.block_size
+        self._client = Client(
+            self.config.address, timeout_s=self.config.timeout_s, transport=self.config.transport
+        )
+        # Scheduler state.
+        self._namespaces: dict[str, Namespace] = {}  # cache_salt -> registered namespace
+        self._requests: dict[str, RequestBlocks] = {}
+        self._pending_loads: dict[str, int] = {}  # req_id -> external tokens to load
+        # Worker state.
+        self._paged: PagedBlocks | None = None
+        self._failed_block_ids: set[int] = set()
+        self._saver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvstore-save")
+        if role == KVConnectorRole.SCHEDULER:
+            self._require_recompute_on_failure()
+
+    def _require_recompute_on_failure(self) -> None:
+        # The store is a cache: a block it cannot deliver is recomputed, never fatal.
+        if self._kv_transfer_config.kv_load_failure_policy != "recompute":
+            self._kv_transfer_config.kv_load_failure_policy = "recompute"
+            log.info("event=load_failure_policy policy=recompute")
+
+    # -- scheduler side ----------------------------------------------------------------
+
+    def _namespace(self, salt: str | None) -> Namespace | None:
+        """The registered namespace of `salt`; None while the store is unreachable."""
+        key = salt or ""
+        if key not in self._namespaces:
+            ns = namespace_for(self._vllm_config, self.config.model_id, salt)
+            try:
+                self._client.register_namespace(ns)
+            except KVStoreError as exc:
+                log.warning("event=register_failed error=%s", type(exc).__name__)
+                return None
+            self._namespaces[key] = ns
+        return self._namespaces[key]
+
+    def _blocks_of(self, request: Request) -> RequestBlocks | None:
+        if request.request_id in self._requests:
+            return self._requests[request.request_id]
+        ns = self._namespace(request.cache_salt)
+        if ns is None:
+            return None
+        tokens = request.prompt_token_ids or []
+        blocks = RequestBlocks.from_prompt(request.request_id, ns, tokens)
+        self._requests[request.request_id] = blocks
+        return blocks
+
+    def _num_matched_blocks(self, blocks: RequestBlocks, num_loadable: int) -> int:
+        keys = blocks.keys[:num_loadable]
+        if not keys:
+            return 0
+        try:
+            return self._client.match(blocks.namespace.id, keys).num_matched
+        except KVStoreError as exc:
+            log.warning("event=match_failed req=%s error=%s", blocks.req_id, type(exc).__name__)
+            return 0
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        """Tokens beyond `num_computed_tokens` the store holds: whole blocks of the longest
+        stored prefix, short of the last prompt token. Changes nothing in the store."""
+        blocks = self._blocks_of(request)
+        if blocks is None:
+            return 0, False
+        num_prompt = len(request.prompt_token_ids or [])
+        num_loadable = loadable_prefix_len(num_prompt, self.block_tokens) // self.block_tokens
+        if num_loadable * self.block_tokens <= num_computed_tokens:
+            return 0, False
+        matched = self._num_matched_blocks(blocks, num_loadable) * self.block_tokens
+        return max(matched - num_computed_tokens, 0), False
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        if num_external_tokens > 0:
+            self._pending_loads[request.request_id] = num_external_tokens
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        meta = KVStoreConnectorMetadata()
+        for new in scheduler_output.scheduled_new_reqs:
+            blocks = self._requests.get(new.req_id)
+            if blocks is None:
+                continue
+            blocks.block_ids = list(new.block_ids[0])
+            num_scheduled = scheduler_output.num_scheduled_tokens.get(new.req_id, 0)
+            self._plan_request(meta, blocks, new.num_computed_tokens, num_scheduled)
+        self._plan_running(meta, scheduler_output)
+        self._pending_loads.clear()
+        return meta
+
+    def _plan_running(self, meta: KVStoreConnectorMetadata, out: SchedulerOutput) -> None:
+        cached = out.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            blocks = self._requests.get(req_id)
+            if blocks is None:
+                continue
+            new_ids = cached.new_block_ids[i]
+            if req_id in cached.resumed_req_ids:
+                blocks.block_ids = list(new_ids[0]) if new_ids is not None else []
+                blocks.num_saved_blocks = 0
+            elif new_ids is not None:
+                blocks.block_ids.extend(new_ids[0])
+            num_scheduled = out.num_scheduled_tokens.get(req_id, 0)
+            self._plan_request(meta, blocks, cached.num_computed_tokens[i], num_scheduled)
+
+    def _plan_request(
+        self,
+        meta: KVStoreConnectorMetadata,
+        blocks: RequestBlocks,
+        num_computed: int,
+        num_scheduled: int,
+    ) -> None:
+        """Loads the external hit (if any), then saves what this step completes."""
+        stop = num_computed // self.block_tokens
+        num_external = self._pending_loads.get(blocks.req_id, 0)
+        if num_external:
+            meta.loads.append(blocks.transfer(stop - num_external // self.block_tokens, stop))
+        # Blocks before this step's first token are cached locally or loaded: in the store.
+        blocks.num_saved_blocks = max(blocks.num_saved_blocks, stop)
+        if self.config.save:
+            save = blocks.take_saves(num_computed + num_scheduled)
+            if save is not None:
+                meta.saves.append(save)
+
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        # Saves copy blocks out during the step, so vLLM may free them at once.
+        self._requests.pop(request.request_id, None)
+        self._pending_loads.pop(request.request_id, None)
+        return False, None
+
+    # -- worker side -------------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        num_blocks = self._kv_cache_config.num_blocks
+        self._paged = PagedBlocks(list(kv_caches.values()), num_blocks)
+        log.info(
+            "event=kv_caches_registered layers=%d block_bytes=%d num_blocks=%d",
+            len(kv_caches),
+            self._paged.block_bytes,
+            num_blocks,
+        )
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        """Loads every planned block before the forward pass (synchronously)."""
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, KVStoreConnectorMetadata)
+        for load in meta.loads:
+            self._load(load)
+
+    def _load(self, load: BlockTransfer) -> None:
+        assert self._paged is not None, "register_kv_caches was not called"
+        staging = self._paged.empty(len(load.keys))
+        try:
+            found = self._client.get_into(
+                load.namespace_id, load.keys, self._paged.as_buffers(staging)
+            )
+        except Exception as exc:  # whatever broke, these blocks were not filled
+            found = (False,) * len(load.keys)
+            log.warning("event=load_failed req=%s error=%s", load.req_id, type(exc).__name__)
+        num_ok = found.index(False) if False in found else len(found)
+        self._paged.scatter(staging[:num_ok], load.block_ids[:num_ok])
+        if num_ok < len(found):
+            # A chain with a hole is unusable past it: vLLM recomputes from the first miss.
+            self._failed_block_ids.update(load.block_ids[num_ok:])
+            log.warning(
+                "event=load_incomplete req=%s loaded=%d failed=%d",
+                load.req_id,
+                num_ok,
+                len(found) - num_ok,
+            )
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # start_load_kv finished every load before the forward pass
+
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any
+    ) -> None:
+        return  # blocks are copied out once, for all layers, in wait_for_save
+
+    def wait_for_save(self) -> None:
+        """Copies this step's completed blocks out and publishes them in the background."""
+        if not self.has_connector_metadata():
+            return
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, KVStoreConnectorMetadata)
+        for save in meta.saves:
+            assert self._paged is not None, "register_kv_caches was not called"
+            staging = self._paged.gather(save.block_ids)
+            self._saver.submit(self._put, save, staging)
+
+    def _put(self, save: BlockTransfer, staging: torch.Tensor) -> None:
+        try:
+            blocks = PagedBlocks.as_buffers(staging)
+            result = self._client.put_chain(save.namespace_id, save.keys, blocks, save.parent)
+        except Exception as exc:  # a failed save is a future miss, never an engine error
+            log.warning("event=save_failed req=%s error=%s", save.req_id, type(exc).__name__)
+            return
+        log.debug("event=saved req=%s blocks=%d result=%s", save.req_id, len(save.keys), result)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        failed, self._failed_block_ids = self._failed_block_ids, set()
+        return failed
+
+    def shutdown(self) -> None:
+        self._saver.shutdown(wait=True)
+        self._client.close()

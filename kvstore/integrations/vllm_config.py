@@ -1,0 +1,53 @@
+"""Settings of the vLLM connector, read from `kv_connector_extra_config`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvstore.client import TRANSPORT_CHOICES
+from kvstore.errors import InvalidArgumentError
+
+_PREFIX = "kvstore."
+
+
+@dataclass(frozen=True)
+class ConnectorConfig:
+    """How the connector reaches the store and names its blocks.
+
+    Args:
+        address: "host:port" of the store node.
+        model_id: namespace model id; empty means vLLM's model name. Processes that
+            should share blocks must agree on it.
+        timeout_s: deadline of each store call; a slow store costs at most this per step.
+        transport: "auto", "ucx" or "grpc" (see `kvstore.client.Client`).
+        save: publish computed prompt blocks to the store.
+    """
+
+    address: str = "127.0.0.1:50051"
+    model_id: str = ""
+    timeout_s: float = 5.0
+    transport: str = "auto"
+    save: bool = True
+
+    def __post_init__(self) -> None:
+        if ":" not in self.address:
+            raise InvalidArgumentError(f"address must be host:port, got {self.address!r}")
+        if self.timeout_s <= 0:
+            raise InvalidArgumentError("timeout_s must be positive")
+        if self.transport not in TRANSPORT_CHOICES:
+            raise InvalidArgumentError(f"transport must be one of {TRANSPORT_CHOICES}")
+
+    @classmethod
+    def from_extra_config(cls, extra: Mapping[str, Any]) -> ConnectorConfig:
+        """Reads the `kvstore.*` keys of vLLM's extra config; rejects unknown ones."""
+        fields = {k.removeprefix(_PREFIX): v for k, v in extra.items() if k.startswith(_PREFIX)}
+        unknown = sorted(set(fields) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise InvalidArgumentError(f"unknown kvstore connector settings: {unknown}")
+        if "save" in fields:
+            fields["save"] = str(fields["save"]).lower() not in ("0", "false", "no")
+        if "timeout_s" in fields:
+            fields["timeout_s"] = float(fields["timeout_s"])
+        return cls(**fields)
