@@ -1,0 +1,130 @@
+"""One vLLM process: serve sessions of token prompts one request at a time, time them.
+
+Run as ``python -m bench.vllm_engine SPEC.json OUT.json`` in a venv with vLLM. The spec
+names the model, the connector and the sessions; each session is a list of turns, and turn
+``i``'s prompt is every earlier turn and answer followed by turn ``i`` (multi-round QA).
+The output lists, per request, TTFT, TPOT, the output token ids and vLLM's cached-token
+count. Tests and `kvstore-bench vllm` both drive vLLM through this file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "VLLM_DO_NOT_TRACK": "1",
+    "LMCACHE_TRACK_USAGE": "false",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+}
+
+
+def kv_transfer_config(spec: dict[str, Any]) -> dict[str, Any] | None:
+    """vLLM's `kv_transfer_config` for the spec's connector; None for plain recompute."""
+    kind = spec["connector"]
+    if kind == "kvstore":
+        extra = {"kvstore.address": spec["store"], **spec.get("connector_extra", {})}
+        return {
+            "kv_connector": "KVStoreConnector",
+            "kv_connector_module_path": "kvstore.integrations.vllm",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": extra,
+        }
+    if kind == "lmcache":
+        extra = {"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": spec["lmcache_port"]}
+        return {
+            "kv_connector": "LMCacheMPConnector",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": extra,
+        }
+    if kind == "offloading":
+        return {
+            "kv_connector": "OffloadingConnector",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": {"cpu_bytes_to_use": 2 << 30},
+        }
+    assert kind == "recompute", f"unknown connector {kind!r}"
+    return None
+
+
+def make_llm(spec: dict[str, Any]) -> Any:
+    from vllm import LLM
+
+    kv = kv_transfer_config(spec)
+    return LLM(
+        model=spec["model"],
+        dtype="float32",
+        block_size=spec.get("block_size", 32),
+        max_model_len=spec.get("max_model_len", 2048),
+        max_num_batched_tokens=spec.get("max_num_batched_tokens", 2048),
+        enforce_eager=True,
+        enable_prefix_caching=spec.get("prefix_caching", True),
+        kv_transfer_config=kv,
+        seed=0,
+    )
+
+
+def run_request(engine: Any, req_id: str, tokens: list[int], max_tokens: int, salt: str | None):
+    """Serves one request alone; returns its record and output token ids."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    prompt: dict[str, Any] = {"prompt_token_ids": tokens}
+    if salt:
+        prompt["cache_salt"] = salt
+    start = time.perf_counter()
+    engine.add_request(req_id, prompt, params)
+    first = None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if first is None and out.outputs and out.outputs[0].token_ids:
+                first = time.perf_counter()
+            if out.finished:
+                final = out
+    end = time.perf_counter()
+    ids = list(final.outputs[0].token_ids)
+    tpot = (end - first) / max(len(ids) - 1, 1) if first else 0.0
+    record = {
+        "ttft_s": (first or end) - start,
+        "tpot_s": tpot,
+        "cached_tokens": final.num_cached_tokens or 0,
+        "prompt_len": len(tokens),
+        "output": ids,
+    }
+    return record, ids
+
+
+def run_sessions(engine: Any, spec: dict[str, Any]) -> list[dict[str, Any]]:
+    records = []
+    for s, session in enumerate(spec["sessions"]):
+        history: list[int] = []
+        for t, turn in enumerate(session["turns"]):
+            tokens = history + turn
+            rec, out = run_request(
+                engine, f"s{s}t{t}", tokens, spec["max_tokens"], session.get("salt")
+            )
+            records.append({"session": s, "turn": t, **rec})
+            history = tokens + out
+    return records
+
+
+def main() -> None:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    llm = make_llm(spec)
+    records = run_sessions(llm.llm_engine, spec)
+    Path(sys.argv[2]).write_text(json.dumps(records))
+    # Shutting the engine down flushes the connector's background saves.
+    llm.llm_engine.engine_core.shutdown()
+
+
+if __name__ == "__main__":
+    for key, value in ENV.items():
+        os.environ.setdefault(key, value)
+    main()
