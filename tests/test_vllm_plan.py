@@ -1,0 +1,43 @@
+"""Scheduler-side planning of the vLLM connector, without vLLM."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvstore.errors import InvalidArgumentError
+from kvstore.integrations.vllm_config import ConnectorConfig
+from kvstore.integrations.vllm_plan import RequestBlocks, loadable_prefix_len
+from kvstore.keys import KVLayout, Namespace, block_keys
+
+NS = Namespace("vllm/cpu/tiny", KVLayout("float32", 2, 2, 16, 4))
+
+
+@pytest.mark.parametrize(("n", "expected"), [(0, 0), (4, 0), (5, 4), (8, 4), (9, 8)])
+def test_loadable_prefix_leaves_the_last_prompt_token(n, expected):
+    assert loadable_prefix_len(n, 4) == expected
+
+
+def test_saves_are_whole_computed_prompt_blocks_once():
+    blocks = RequestBlocks.from_prompt("r", NS, list(range(14)))  # 3 full blocks
+    blocks.block_ids = [7, 8, 9, 10]
+    assert blocks.take_saves(3) is None
+    first = blocks.take_saves(9)
+    assert first is not None
+    assert (first.block_ids, first.parent) == ((7, 8), None)
+    assert first.keys == tuple(block_keys(NS, list(range(8))))
+    second = blocks.take_saves(20)
+    assert second is not None
+    assert (second.block_ids, second.parent) == ((9,), first.keys[-1])
+    assert blocks.take_saves(30) is None
+
+
+def test_salt_changes_every_key():
+    salted = Namespace(NS.model_id, NS.layout, b"tenant")
+    assert not set(block_keys(NS, range(8))) & set(block_keys(salted, range(8)))
+
+
+def test_config_reads_prefixed_extra_keys_and_rejects_unknown():
+    config = ConnectorConfig.from_extra_config({"kvstore.address": "h:1", "other": 1})
+    assert config.address == "h:1"
+    with pytest.raises(InvalidArgumentError):
+        ConnectorConfig.from_extra_config({"kvstore.adress": "h:1"})
