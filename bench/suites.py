@@ -73,6 +73,18 @@ _SPECS = (
         "put/get throughput and latency: kvstore over UCX and gRPC vs memcpy, TCP, raw "
         "ucxx, Redis and Mooncake Store",
     ),
+    SuiteSpec(
+        "prefix",
+        "bench.prefix",
+        "TTFT/TPOT of real engine processes: recompute vs engine-local prefix cache vs "
+        "kvstore, on system-prompt, multi-round-qa and long-doc-qa workloads",
+    ),
+    SuiteSpec(
+        "vllm",
+        "bench.vllm",
+        "vLLM on CPU: TTFT/TPOT of long-document and multi-round QA with kvstore vs LMCache "
+        "vs vLLM offloading vs recompute",
+    ),
 )
 
 SUITES: Mapping[str, SuiteSpec] = MappingProxyType({spec.name: spec for spec in _SPECS})

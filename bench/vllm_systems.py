@@ -1,0 +1,91 @@
+"""The systems `kvstore-bench vllm` compares, each a way to start what vLLM talks to.
+
+Every system runs the same vLLM release and model, in a venv of its own where its pins
+need one (LMCache pins an older grpcio/protobuf than kvstore).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_port(port: int, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"server exited with {proc.returncode}"
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"nothing listens on port {port}")
+
+
+@contextlib.contextmanager
+def _server(cmd: list[str], port: int, log: Path) -> Iterator[None]:
+    with open(log, "w") as out:
+        env = {**os.environ, "LMCACHE_TRACK_USAGE": "false"}
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        _wait_port(port, proc)
+        yield
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@dataclass(frozen=True)
+class System:
+    """A compared system: its connector, the venv its vLLM runs in, whether it shares KV
+    across processes (a writer process fills it before the measured one)."""
+
+    name: str
+    connector: str
+    venv: str
+    is_shared: bool
+
+    @property
+    def python(self) -> str:
+        return str(ROOT / self.venv / "bin" / "python")
+
+    @contextlib.contextmanager
+    def serve(self, workdir: Path) -> Iterator[dict[str, object]]:
+        """Starts the system's server (if any); yields the spec keys vLLM needs."""
+        port = _free_port()
+        if self.connector == "kvstore":
+            cmd = [self.python, "-m", "kvstore.cli", "serve", "--port", str(port)]
+            with _server([*cmd, "--dram-bytes", "8GiB"], port, workdir / "kvstore.log"):
+                yield {"store": f"127.0.0.1:{port}"}
+        elif self.connector == "lmcache":
+            lmcache = str(ROOT / self.venv / "bin" / "lmcache")
+            cmd = [lmcache, "server", "--host", "127.0.0.1", "--port", str(port)]
+            cmd += ["--l1-size-gb", "8", "--eviction-policy", "LRU"]
+            cmd += ["--supported-transfer-mode", "engine_driven", "--chunk-size", "128"]
+            with _server(cmd, port, workdir / "lmcache.log"):
+                yield {"lmcache_port": port}
+        else:
+            yield {}
+
+
+SYSTEMS = (
+    System("recompute", "recompute", ".venv-vllm", is_shared=False),
+    System("lmcache", "lmcache", ".venv-lmcache", is_shared=True),
+    System("kvstore", "kvstore", ".venv-vllm", is_shared=True),
+    System("vllm-offloading", "offloading", ".venv-vllm", is_shared=False),
+)
