@@ -110,6 +110,7 @@ class StoreConnector(KVConnector):
         if not keys or not self._ensure_registered():
             return 0
         assert self._namespace_id is not None
+        start_s = self._clock()
         try:
             num_hits = self._client.match(self._namespace_id, keys).num_matched
         except KVStoreError as exc:
@@ -118,11 +119,12 @@ class StoreConnector(KVConnector):
         num_loaded = self._load_hits(request, keys[:num_hits], pages[:num_hits])
         self._num_loaded += num_loaded
         if num_hits:
-            logger.debug(
-                "event=store_load request_id=%d hits=%d loaded=%d",
+            logger.info(
+                "event=store_load request_id=%d hits=%d loaded=%d elapsed_ms=%.1f",
                 request.request_id,
                 num_hits,
                 num_loaded,
+                (self._clock() - start_s) * 1000,
             )
         return num_loaded
 
@@ -150,7 +152,10 @@ class StoreConnector(KVConnector):
         """Finishes queued publishes, then closes the store connection."""
         if self._publisher is not None:
             self._publisher.close()
-        self._client.close()
+        try:  # the data plane's goodbye to a dead store raises; there is no one to tell
+            self._client.close()
+        except Exception as exc:
+            logger.warning("event=store_close_failed error=%r", exc)
 
     # -- internals ------------------------------------------------------------------------
 
@@ -204,6 +209,10 @@ class StoreConnector(KVConnector):
         except KVStoreError as exc:
             self._on_error("register", None, exc)
             return False
+        try:  # connect the data plane now, not inside the first request's TTFT
+            self._client.data_plane()
+        except KVStoreError as exc:
+            logger.warning("event=store_dataplane_unavailable error=%s", exc)
         logger.info("event=store_bound store=%s namespace=%s", self.config.store, self.namespace)
         return True
 

@@ -4,6 +4,7 @@ load or a full publish queue never changes an output."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 
@@ -219,7 +220,15 @@ def test_full_publish_queue_drops_blocks_and_keeps_outputs(store):
     prompt = _prompt(9)
     connector = _connector(store.address, publish_buffers=2)
     engine = Engine(_engine_config(max_prefill_tokens=4096), connector)
+    real_put_chain, unblock = connector._client.put_chain, threading.Event()
+
+    def stuck_put_chain(*args, **kwargs):  # type: ignore[no-untyped-def]
+        unblock.wait(timeout=30)  # the network is slow: both buffers stay taken
+        return real_put_chain(*args, **kwargs)
+
+    connector._client.put_chain = stuck_put_chain  # type: ignore[method-assign]
     out = engine.generate([prompt], GREEDY)[0]
+    unblock.set()
     assert connector.drain(timeout_s=30.0)
     stats = connector.stats().publish
     assert stats.num_published_blocks == 2
@@ -255,4 +264,17 @@ def test_cuda_pages_publish_and_load_through_the_store(store):
     assert out.output_token_ids == ref.output_token_ids
     assert out.logits is not None and ref.logits is not None
     torch.testing.assert_close(out.logits, ref.logits, atol=1e-3, rtol=0)
+    connector.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_pages_smaller_than_blocks_load_through_device_staging(store):
+    prompt = _prompt(12)
+    _publish(store.address, [prompt], device="cuda", page_tokens=4)
+    connector = _connector(store.address)
+    engine = Engine(_engine_config(device="cuda", page_tokens=4), connector)
+    out = engine.generate([prompt], GREEDY)[0]
+    assert out.usage.store_cached_tokens == 8 * BLOCK
+    assert out.output_token_ids == _reference(prompt).output_token_ids
     connector.close()
