@@ -1,0 +1,83 @@
+"""KVStoreConnector in real vLLM processes (CPU) against a real store.
+
+Needs vLLM: `make test` runs this file in .venv-vllm with KVSTORE_REQUIRE_VLLM=1, where a
+missing vLLM fails; elsewhere it is skipped.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+if not os.environ.get("KVSTORE_REQUIRE_VLLM"):
+    pytest.importorskip("vllm")
+
+from bench.vllm_model import build_model
+from tests.conftest import free_port
+from tests.vllm_fixtures import corrupt_ssd_blocks, prompt_tokens, run_vllm
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
+
+BLOCK = 32
+PROMPT = prompt_tokens(seed=1, length=10 * BLOCK + 5)  # 10 full blocks and a tail
+LOADABLE = 10 * BLOCK
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(build_model(tmp_path_factory.mktemp("model") / "tiny"))
+
+
+@pytest.fixture(scope="module")
+def reference(model: str, tmp_path_factory: pytest.TempPathFactory) -> list[int]:
+    """Greedy output without any connector."""
+    run = run_vllm(
+        tmp_path_factory.mktemp("ref"),
+        "ref",
+        model=model,
+        connector="recompute",
+        sessions=[{"turns": [PROMPT]}],
+    )
+    return run.outputs[0]
+
+
+def _kvstore(model: str, address: str, *sessions: dict) -> dict:
+    return {"model": model, "connector": "kvstore", "store": address, "sessions": list(sessions)}
+
+
+def test_fresh_process_loads_prefix_another_stored(model, reference, store_factory, tmp_path):
+    store = store_factory("--dram-bytes", "64MiB")
+    first = run_vllm(tmp_path, "first", **_kvstore(model, store.address, {"turns": [PROMPT]}))
+    assert first.cached_tokens == [0]
+    assert first.outputs == [reference]
+    second = run_vllm(
+        tmp_path,
+        "second",
+        **_kvstore(model, store.address, {"turns": [PROMPT]}, {"turns": [PROMPT], "salt": "b"}),
+    )
+    assert second.cached_tokens == [LOADABLE, 0]  # another tenant's salt never hits
+    assert second.outputs == [reference, reference]
+
+
+def test_store_down_recomputes_and_says_so(model, reference, tmp_path):
+    address = f"127.0.0.1:{free_port()}"  # nothing listens here
+    run = run_vllm(tmp_path, "down", **_kvstore(model, address, {"turns": [PROMPT]}))
+    assert run.outputs == [reference]
+    assert run.cached_tokens == [0]
+    assert "event=register_failed" in run.log
+
+
+def test_corrupted_blocks_are_recomputed_and_reported(model, reference, store_factory, tmp_path):
+    ssd = tmp_path / "ssd"
+    # DRAM holds the prefix's 10 blocks; watermarks near zero demote them all to SSD.
+    flags = ("--dram-bytes", "320KiB", "--slab-bytes", "32KiB", "--ssd-path", str(ssd))
+    demote = ("--dram-high-watermark", "0.05", "--dram-low-watermark", "0.01")
+    store = store_factory(*flags, *demote, "--ssd-bytes", "64MiB", "--background-demotion", "false")
+    run_vllm(tmp_path, "writer", **_kvstore(model, store.address, {"turns": [PROMPT]}))
+    assert store.stop() == 0
+    assert corrupt_ssd_blocks(ssd) > 0
+    store = store_factory(*flags, "--ssd-bytes", "64MiB")
+    run = run_vllm(tmp_path, "reader", **_kvstore(model, store.address, {"turns": [PROMPT]}))
+    assert run.outputs == [reference]
+    assert "event=load_incomplete" in run.log
