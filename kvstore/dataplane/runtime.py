@@ -70,7 +70,10 @@ class UcxRuntime:
     async def _make_context(self) -> Any:
         from ucxx._lib_async.application_context import ApplicationContext
 
-        return ApplicationContext(progress_mode="thread")
+        # Python futures are completed by ucxx's notifier thread; without it every pending
+        # request (a server always has its next receive posted) is polled with
+        # `asyncio.sleep(0)` and the loop spins a core even when idle.
+        return ApplicationContext(progress_mode="thread", enable_python_future=True)
 
     @property
     def ucxx(self) -> Any:
@@ -92,6 +95,8 @@ class UcxRuntime:
         """Stops the loop thread; in-flight coroutines are cancelled."""
         if self.loop.is_closed():
             return
+        if self.ctx is not None:
+            self.ctx.stop_notifier_thread()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=10.0)
         ctx, self.ctx = self.ctx, None
