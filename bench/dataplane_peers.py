@@ -119,7 +119,7 @@ def serve_ucxx(address_queue: Any) -> None:
     import ucxx
 
     async def main() -> None:
-        ucxx.init()
+        ucxx.init(progress_mode="thread", enable_python_future=True)  # as kvstore runs it
         address_queue.put(bytes(ucxx.get_worker_address()))
         hello = bytearray(1 << 16)
         await ucxx.recv(hello, tag=_TAG_HELLO)
@@ -152,7 +152,7 @@ def drive_ucxx(server_address: bytes, cells: list[Cell], reps: int) -> dict[Cell
     import ucxx
 
     async def main() -> dict[Cell, list[float]]:
-        ucxx.init()
+        ucxx.init(progress_mode="thread", enable_python_future=True)  # as kvstore runs it
         addr = ucxx.get_ucx_address_from_buffer(server_address)
         ep = await ucxx.create_endpoint_from_worker_address(addr, endpoint_error_handling=False)
         mine = bytes(ucxx.get_worker_address())
