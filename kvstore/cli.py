@@ -56,6 +56,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     with EmbeddedServer(store_config) as server:
         console.print(f"embedded store at {server.address}, DRAM {args.dram_bytes}")
         reports = run_demo(server.address, DemoConfig(num_users=args.users), console)
+    # grpc.aio's process-wide poller can wake the embedded server's closed loop once more at
+    # interpreter exit; asyncio would log that harmless EBADF as an error.
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     return 0 if all(r.is_intact for r in reports) else 1
 
 

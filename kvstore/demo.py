@@ -1,6 +1,7 @@
 """A short prefix-reuse demo against a live store: users sharing a system prompt, two rounds.
 
-Each request hashes its prompt into block keys, matches them, loads the hit blocks and
+Each request hashes its prompt into block keys, matches them, loads the hit blocks (over
+the UCX data plane when it is installed, else gRPC) straight into arrays, and
 "computes" the rest (synthetic KV bytes derived from the key, standing in for prefill),
 then publishes the new blocks. Every loaded block is checked against the bytes that were
 stored for its key.
@@ -72,10 +73,11 @@ def _serve_request(client: Client, name: str, tokens: list[int]) -> RequestRepor
     t0 = time.perf_counter()
     num_hit = client.match(ns.id, keys).num_matched
     t1 = time.perf_counter()
-    loaded = client.get(ns.id, keys[:num_hit]).blocks if num_hit else ()
+    loaded = [np.empty(ns.block_bytes, np.uint8) for _ in range(num_hit)]
+    found = client.get_into(ns.id, keys[:num_hit], loaded) if num_hit else ()
     t2 = time.perf_counter()
-    is_intact = all(
-        b is not None and bytes(b) == synthetic_block(k, ns.block_bytes).tobytes()
+    is_intact = all(found) and all(
+        np.array_equal(b, synthetic_block(k, ns.block_bytes))
         for k, b in zip(keys, loaded, strict=False)
     )
     new_keys = keys[num_hit:]
@@ -88,7 +90,7 @@ def _serve_request(client: Client, name: str, tokens: list[int]) -> RequestRepor
         len(tokens),
         len(keys),
         num_hit,
-        sum(len(b) for b in loaded if b is not None),
+        sum(b.nbytes for b, f in zip(loaded, found, strict=True) if f),
         stored * ns.block_bytes,
         (t1 - t0) * 1e3,
         (t2 - t1) * 1e3,
@@ -108,6 +110,7 @@ def run_demo(address: str, config: DemoConfig, console: Console) -> list[Request
             for name, tokens in track(prompts, description="requests", console=console)
         ]
         stats = client.stats()
+        transport = "grpc" if client.data_plane() is None else "UCX"
     console.print(_table(reports))
     total_blocks = sum(r.num_blocks for r in reports)
     hit_blocks = sum(r.num_hit_blocks for r in reports)
@@ -116,7 +119,7 @@ def run_demo(address: str, config: DemoConfig, console: Console) -> list[Request
     console.print(
         f"hit blocks {hit_blocks}/{total_blocks} ({hit_blocks / total_blocks:.1%}), "
         f"loaded {loaded / 2**20:.1f} MiB in {load_s * 1e3:.1f} ms "
-        f"({loaded / max(load_s, 1e-9) / 1e9:.2f} GB/s over gRPC), "
+        f"({loaded / max(load_s, 1e-9) / 1e9:.2f} GB/s over {transport}), "
         f"stored {sum(r.bytes_stored for r in reports) / 2**20:.1f} MiB; "
         f"store holds {stats.num_blocks} blocks, {stats.evictions} evictions; "
         f"all loaded blocks intact: {all(r.is_intact for r in reports)}"
