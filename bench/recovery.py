@@ -10,13 +10,13 @@ from __future__ import annotations
 import hashlib
 import tempfile
 import time
-import zlib
 from pathlib import Path
 
 import lmdb
 
 from bench.report import Row, progress_bar
 from bench.suites import SuiteOptions
+from kvstore.checksum import checksum
 from kvstore.keys import KVLayout, Namespace
 from kvstore.store import Store, StoreConfig
 from tiers.base import Record, RecordHeader
@@ -30,7 +30,7 @@ BATCH = 1024
 def _fill(path: str, num_blocks: int) -> float:
     """Writes `num_blocks` records; returns the seconds it took."""
     payload = bytes(range(256)) * (NS.block_bytes // 256)
-    checksum = zlib.crc32(payload)
+    crc = checksum(payload)
     tier = SsdTier(path, num_blocks * NS.block_bytes * 2)
     tier.save_meta(NS.id, NS.encode())
     start = time.perf_counter()
@@ -41,7 +41,7 @@ def _fill(path: str, num_blocks: int) -> float:
             for seq in range(first, min(first + BATCH, num_blocks)):
                 key = hashlib.blake2b(seq.to_bytes(8, "little"), digest_size=32).digest()
                 parent = None if seq % CHAIN_LEN == 0 else parent
-                header = RecordHeader(NS.id, parent, checksum, NS.block_bytes, seq + 1)
+                header = RecordHeader(NS.id, parent, crc, NS.block_bytes, seq + 1)
                 records.append(Record(key, header, payload))
                 parent = key
             tier.write(records)

@@ -289,7 +289,7 @@ class Client:
     ) -> PutResult:
         """Stores `blocks` under `keys` (reserve, write, commit); keys already present
         are skipped. On failure the reservation is aborted and nothing becomes visible.
-        Over the data plane each block carries a crc32 the node checks before commit."""
+        Over the data plane each block carries a CRC32C the node checks before commit."""
         _check_blocks(keys, blocks)
         dataplane = self.data_plane() if keys else None
         if dataplane is not None:

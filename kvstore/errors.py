@@ -47,7 +47,7 @@ class IncompleteWriteError(InvalidArgumentError):
 
 
 class ChecksumMismatchError(InvalidArgumentError):
-    """A block arrived short or altered (its crc32 differs from the sender's); nothing of
+    """A block arrived short or altered (its checksum differs from the sender's); nothing of
     that put was committed."""
 
 

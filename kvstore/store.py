@@ -11,11 +11,11 @@ import itertools
 import logging
 import threading
 import time
-import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kvstore import errors
+from kvstore.checksum import checksum
 from kvstore.config import option, parse_bytes
 from kvstore.index import BlockIndex, BlockState, Entry
 from kvstore.keys import KEY_BYTES, Namespace
@@ -347,8 +347,8 @@ class Store:
                     f"each needs {next(iter(res.entries.values())).nbytes} bytes"
                 )
             views = {i: self._view(e) for i, e in res.entries.items()}
-        # Outside the lock (zlib releases the GIL): the slots belong to this reservation.
-        crcs = {i: zlib.crc32(view) for i, view in views.items()}
+        # Outside the lock (the checksum releases the GIL): the slots are this reservation's.
+        crcs = {i: checksum(view) for i, view in views.items()}
         with self._lock:
             if self._reservations.get(reservation_id) is not res:
                 raise errors.UnknownReservationError(f"reservation {reservation_id} expired")
@@ -356,7 +356,7 @@ class Store:
             if bad:
                 self.abort(reservation_id)
                 raise errors.ChecksumMismatchError(
-                    f"blocks {bad[:8]} arrived short or altered (crc32 mismatch); nothing committed"
+                    f"blocks {bad[:8]} arrived short or altered (bad checksum); nothing committed"
                 )
             del self._reservations[reservation_id]
             for i, entry in res.entries.items():

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import logging
 import threading
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kvstore import errors
+from kvstore.checksum import checksum
 from kvstore.index import BlockIndex, BlockState, Entry
 from kvstore.policy import make_policy
 from kvstore.results import TierUsage
@@ -167,7 +167,7 @@ class Tiering:
     def _dram_view(self, entry: Entry) -> memoryview | None:
         assert entry.slot is not None
         view = self.dram.view(entry.slot)
-        if self.config.verify_reads and zlib.crc32(view) != entry.checksum:
+        if self.config.verify_reads and checksum(view) != entry.checksum:
             self._corrupted(entry)
             return None
         return view
@@ -183,7 +183,7 @@ class Tiering:
             entry.num_leases -= 1
         view = self.dram.view(slot) if slot is not None else memoryview(bytearray(entry.nbytes))
         header = self.ssd.read_into(entry.key, view)
-        if header is None or zlib.crc32(view) != entry.checksum:
+        if header is None or checksum(view) != entry.checksum:
             if slot is not None:
                 self.dram.free(slot)
             self._corrupted(entry)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from kvstore import errors
+from kvstore.checksum import checksum
 from kvstore.client import Client
 from kvstore.dataplane import ChecksumMismatchError, ucx_client
 from kvstore.dataplane.buffers import TransferBuffer
@@ -107,7 +108,7 @@ def test_wrong_buffer_size_is_rejected_and_store_keeps_serving(ucx):
 
 def test_wrong_checksum_is_never_committed(ucx, monkeypatch):
     keys = _chain(4, seed=6)
-    monkeypatch.setattr(ucx_client, "_crc32", lambda buf: 12345)
+    monkeypatch.setattr(ucx_client, "_checksum", lambda buf: 12345)
     with pytest.raises(ChecksumMismatchError, match="nothing committed"):
         ucx.put_chain(NS.id, keys, _blocks(4, seed=6))
     assert ucx.match(NS.id, keys).num_matched == 0
@@ -115,11 +116,11 @@ def test_wrong_checksum_is_never_committed(ucx, monkeypatch):
 
 
 def test_short_payload_is_never_committed(ucx):
-    """A sender that declares full blocks but sends fewer bytes: the crc32 catches it."""
+    """A sender that declares full blocks but sends fewer bytes: the checksum catches it."""
     keys, blocks = _chain(2, seed=7), _blocks(2, seed=7)
     dataplane = ucx.data_plane()
     assert isinstance(dataplane, ucx_client.UcxClient)
-    checksums = tuple(int(np.uint32(ucx_client.zlib.crc32(b))) for b in blocks)
+    checksums = tuple(checksum(b) for b in blocks)
     req = Request(Op.PUT, 10_000, NS.id, tuple(keys), NS.block_bytes, None, checksums)
     short = [TransferBuffer(memoryview(b)[:-100], NS.block_bytes - 100, False) for b in blocks]
     with pytest.raises(ChecksumMismatchError):

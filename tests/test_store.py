@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import zlib
-
 import pytest
 
 from kvstore import errors
+from kvstore.checksum import checksum
 from kvstore.keys import KVLayout, Namespace, block_keys
 from kvstore.policy import POLICIES
 from kvstore.results import PutStatus
@@ -320,7 +319,7 @@ def test_commit_with_wrong_checksum_aborts_and_commits_nothing():
     res = store.reserve(NS.id, keys)
     for i, key in enumerate(keys):
         store.write(res.reservation_id, i, 0, _payload(key))
-    good = zlib.crc32(_payload(keys[0]))
+    good = checksum(_payload(keys[0]))
     with pytest.raises(errors.ChecksumMismatchError, match=r"blocks \[1\]"):
         store.commit(res.reservation_id, [good, good])
     store.check_integrity()
@@ -329,7 +328,7 @@ def test_commit_with_wrong_checksum_aborts_and_commits_nothing():
     res = store.reserve(NS.id, keys)
     for i, key in enumerate(keys):
         store.write(res.reservation_id, i, 0, _payload(key))
-    crcs = [zlib.crc32(_payload(k)) for k in keys]
+    crcs = [checksum(_payload(k)) for k in keys]
     assert store.commit(res.reservation_id, crcs) == 2
 
 

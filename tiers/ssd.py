@@ -3,7 +3,7 @@
 Durability: each `write` is one LMDB transaction, so a crash never leaves half a batch.
 With `sync=True` a committed transaction survives power loss; with `sync=False` (the
 default, ~3x faster) it survives a process crash (the OS still holds the pages) but the
-last transactions may be lost if the machine goes down. Every block carries the CRC32 of
+last transactions may be lost if the machine goes down. Every block carries the CRC32C of
 its bytes in its header; readers verify it, so a damaged record is a miss, never bytes.
 """
 
@@ -21,7 +21,7 @@ from tiers.base import PersistentTier, Record, RecordHeader, TierStats
 
 log = logging.getLogger("kvstore.tiers.ssd")
 
-_MAGIC = b"KVB1"
+_MAGIC = b"KVB2"  # 2: CRC32C checksums (1 had zlib CRC32)
 _HEADER = struct.Struct("<4sB32s32sIQQ")  # magic, flags, namespace, parent, crc, nbytes, seq
 _HAS_PARENT = 1
 _MAP_HEADROOM = 64 << 20  # B-tree pages and free-page slack beyond the payload bytes

@@ -11,11 +11,11 @@ import asyncio
 import concurrent.futures
 import itertools
 import logging
-import zlib
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from kvstore import errors
+from kvstore.checksum import checksum
 from kvstore.dataplane import frames
 from kvstore.dataplane.base import DataPlaneClient
 from kvstore.dataplane.buffers import TransferBuffer, as_transfer_buffer
@@ -98,7 +98,7 @@ class UcxClient(DataPlaneClient):
         block_bytes: int,
     ) -> ReserveResult:
         bufs = self._checked_buffers(keys, blocks, block_bytes, writable=False)
-        checksums = tuple(_crc32(b) for b in bufs)
+        checksums = tuple(_checksum(b) for b in bufs)
         parents_t = tuple(parents) if parents is not None else None
         req = Request(
             Op.PUT, next(self._ids), namespace_id, tuple(keys), block_bytes, parents_t, checksums
@@ -192,7 +192,7 @@ class UcxClient(DataPlaneClient):
         return ReserveResult(reply.reservation_id, statuses)
 
 
-def _crc32(buf: TransferBuffer) -> int:
+def _checksum(buf: TransferBuffer) -> int:
     if buf.is_device:
         raise errors.InvalidArgumentError("put from device memory is not supported yet")
-    return zlib.crc32(buf.obj)
+    return checksum(buf.obj)

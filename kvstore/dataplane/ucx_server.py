@@ -5,9 +5,9 @@ Per request (all tags from `frames.tag`):
     GET  client -> REQUEST; server leases, -> REPLY (found flags), -> BLOCK i per hit
          straight from the slot; the lease ends when every send has completed (the client
          has the bytes) or the transfer deadline passes.
-    PUT  client -> REQUEST (keys, parents, crc32s); server reserves, posts a receive into
+    PUT  client -> REQUEST (keys, parents, checksums); server reserves, posts a receive into
          each reserved slot, -> REPLY (statuses); client -> BLOCK i; server checks every
-         crc32, commits, -> DONE. A short or altered block aborts the whole reservation.
+         checksum, commits, -> DONE. A short or altered block aborts the whole reservation.
 
 Requests are handled as concurrent tasks, so a small get never waits behind a large put.
 """
