@@ -46,8 +46,19 @@ def _kvstore(model: str, address: str, *sessions: dict) -> dict:
     return {"model": model, "connector": "kvstore", "store": address, "sessions": list(sessions)}
 
 
-def test_fresh_process_loads_prefix_another_stored(model, reference, store_factory, tmp_path):
-    store = store_factory("--dram-bytes", "64MiB")
+def test_fresh_process_loads_prefix_another_stored_and_recomputes_corrupt_blocks(
+    model, reference, store_factory, tmp_path
+):
+    """One writer process, then two fresh readers: one loads, one finds the blocks corrupt.
+
+    The store's DRAM holds the prefix's 10 blocks, and watermarks near zero demote them all
+    to SSD, so the loads come from SSD and a restart keeps them.
+    """
+    ssd = tmp_path / "ssd"
+    flags = ("--dram-bytes", "320KiB", "--slab-bytes", "32KiB", "--ssd-path", str(ssd))
+    flags += ("--ssd-bytes", "64MiB")
+    demote = ("--dram-high-watermark", "0.05", "--dram-low-watermark", "0.01")
+    store = store_factory(*flags, *demote, "--background-demotion", "false")
     first = run_vllm(tmp_path, "first", **_kvstore(model, store.address, {"turns": [PROMPT]}))
     assert first.cached_tokens == [0]
     assert first.outputs == [reference]
@@ -58,6 +69,14 @@ def test_fresh_process_loads_prefix_another_stored(model, reference, store_facto
     )
     assert second.cached_tokens == [LOADABLE, 0]  # another tenant's salt never hits
     assert second.outputs == [reference, reference]
+    assert "event=load_incomplete" not in second.log
+
+    assert store.stop() == 0
+    assert corrupt_ssd_blocks(ssd) > 0
+    store = store_factory(*flags)
+    third = run_vllm(tmp_path, "third", **_kvstore(model, store.address, {"turns": [PROMPT]}))
+    assert third.outputs == [reference]
+    assert "event=load_incomplete" in third.log
 
 
 def test_store_down_recomputes_and_says_so(model, reference, tmp_path):
@@ -66,18 +85,3 @@ def test_store_down_recomputes_and_says_so(model, reference, tmp_path):
     assert run.outputs == [reference]
     assert run.cached_tokens == [0]
     assert "event=register_failed" in run.log
-
-
-def test_corrupted_blocks_are_recomputed_and_reported(model, reference, store_factory, tmp_path):
-    ssd = tmp_path / "ssd"
-    # DRAM holds the prefix's 10 blocks; watermarks near zero demote them all to SSD.
-    flags = ("--dram-bytes", "320KiB", "--slab-bytes", "32KiB", "--ssd-path", str(ssd))
-    demote = ("--dram-high-watermark", "0.05", "--dram-low-watermark", "0.01")
-    store = store_factory(*flags, *demote, "--ssd-bytes", "64MiB", "--background-demotion", "false")
-    run_vllm(tmp_path, "writer", **_kvstore(model, store.address, {"turns": [PROMPT]}))
-    assert store.stop() == 0
-    assert corrupt_ssd_blocks(ssd) > 0
-    store = store_factory(*flags, "--ssd-bytes", "64MiB")
-    run = run_vllm(tmp_path, "reader", **_kvstore(model, store.address, {"turns": [PROMPT]}))
-    assert run.outputs == [reference]
-    assert "event=load_incomplete" in run.log
