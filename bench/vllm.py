@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -118,6 +119,10 @@ def _build_model(path: Path, size: str) -> None:
     subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
+def _has_gpu() -> bool:
+    return shutil.which("nvidia-smi") is not None
+
+
 def run(options: SuiteOptions) -> list[Row]:
     """One row per (workload, system); outputs compared with recompute's."""
     extra = extra_of(options)
@@ -129,6 +134,11 @@ def run(options: SuiteOptions) -> list[Row]:
     wl = workloads(size)
     results: dict[str, dict] = {}
     for system in (s for s in SYSTEMS if s.name in wanted or s.name == "recompute"):
+        if system.needs_gpu and not _has_gpu():
+            log.warning(
+                "event=system_skipped system=%s reason=needs a CUDA or XPU GPU", system.name
+            )
+            continue
         try:
             results[system.name] = _run_system(system, str(model_dir), wl, size, workdir)
         except (subprocess.CalledProcessError, OSError, AssertionError, TimeoutError) as exc:

@@ -59,6 +59,7 @@ class System:
     connector: str
     venv: str
     is_shared: bool
+    needs_gpu: bool = False  # vLLM refuses it on CPU
 
     @property
     def python(self) -> str:
@@ -87,5 +88,6 @@ SYSTEMS = (
     System("recompute", "recompute", ".venv-vllm", is_shared=False),
     System("lmcache", "lmcache", ".venv-lmcache", is_shared=True),
     System("kvstore", "kvstore", ".venv-vllm", is_shared=True),
-    System("vllm-offloading", "offloading", ".venv-vllm", is_shared=False),
+    # "CPU Offloading is currently only supported on CUDA-alike and XPU GPUs" (vLLM 0.32).
+    System("vllm-offloading", "offloading", ".venv-vllm", is_shared=False, needs_gpu=True),
 )

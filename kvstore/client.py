@@ -70,8 +70,11 @@ def _raise(err: grpc.RpcError) -> NoReturn:
 
 
 def _as_bytes_view(buf: Buffer) -> memoryview:
-    view = memoryview(buf)  # type: ignore[arg-type]
-    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+    """A flat byte view of a host block (numpy, torch, bytes, bytearray), no copy."""
+    target = as_transfer_buffer(buf, writable=False)
+    if target.is_device:
+        raise errors.InvalidArgumentError("the gRPC path sends host blocks only; use UCX")
+    return target.obj
 
 
 def _blocks_to_write(

@@ -84,13 +84,15 @@ def test_typed_buffers_bytearray_and_shaped_arrays(ucx):
     assert bytes(out[0]) == bytes(blocks[0]) and out[1].tobytes() == bytes(blocks[1])
 
 
-def test_torch_tensors_cpu(ucx):
+@pytest.mark.parametrize("transport", ["ucx", "grpc"])
+def test_torch_tensors_cpu(ucx, grpc_client, transport):
     torch = pytest.importorskip("torch")
+    client = {"ucx": ucx, "grpc": grpc_client}[transport]
     keys = _chain(2, seed=4)
     src = [torch.randn(NS.block_bytes // 2).to(torch.bfloat16) for _ in keys]
-    ucx.put(NS.id, keys, src)
+    client.put(NS.id, keys, src)
     out = [torch.empty(NS.block_bytes // 2, dtype=torch.bfloat16) for _ in keys]
-    assert ucx.get_into(NS.id, keys, out) == (True, True)
+    assert client.get_into(NS.id, keys, out) == (True, True)
     assert all(torch.equal(a, b) for a, b in zip(src, out, strict=True))
 
 
