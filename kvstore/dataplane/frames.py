@@ -7,7 +7,7 @@ Tag layout (64 bits), one tag per message so replies of pipelined requests never
 
 | bits  | field   | meaning                                             |
 |-------|---------|-----------------------------------------------------|
-| 60-63 | kind    | REQUEST, REPLY, BLOCK, SUMS, DONE                   |
+| 60-63 | kind    | REQUEST, REPLY, BLOCK, DONE                         |
 | 40-59 | client  | connection id the server handed out over gRPC       |
 | 16-39 | request | per-connection request counter (wraps)              |
 | 0-15  | index   | block position in the request (BLOCK only)          |
@@ -35,7 +35,6 @@ class Kind(enum.IntEnum):
     REPLY = 2
     BLOCK = 3
     DONE = 4
-    SUMS = 5  # a put's block checksums, sent after the blocks
 
 
 class Op(enum.IntEnum):
@@ -60,11 +59,12 @@ class Request(NamedTuple):
     keys: tuple[bytes, ...]
     block_bytes: int
     parents: tuple[bytes | None, ...] | None = None
+    checksums: tuple[int, ...] = ()
 
 
 def request_bytes(max_keys: int) -> int:
     """Largest encoded request for `max_keys` keys: the server's receive buffer size."""
-    return _HEAD.size + 8 + KEY_BYTES + max_keys * 2 * KEY_BYTES
+    return _HEAD.size + 8 + KEY_BYTES + max_keys * (2 * KEY_BYTES + 4)
 
 
 def encode_request(req: Request) -> bytes:
@@ -77,6 +77,8 @@ def encode_request(req: Request) -> bytes:
     ]
     if req.parents is not None:
         parts.append(b"".join(p or bytes(KEY_BYTES) for p in req.parents))
+    if req.op is Op.PUT:
+        parts.append(struct.pack(f"<{len(keys)}I", *req.checksums))
     return b"".join(parts)
 
 
@@ -91,9 +93,12 @@ def decode_request(data: memoryview) -> Request:
         keys, pos = _keys_at(data, pos, num_keys)
         parents = None
         if has_parents:
-            raw, _ = _keys_at(data, pos, num_keys)
+            raw, pos = _keys_at(data, pos, num_keys)
             parents = tuple(None if p == bytes(KEY_BYTES) else p for p in raw)
-        return Request(Op(op), request_id, namespace_id, keys, block_bytes, parents)
+        checksums: tuple[int, ...] = ()
+        if op == Op.PUT:
+            checksums = struct.unpack_from(f"<{num_keys}I", data, pos)
+        return Request(Op(op), request_id, namespace_id, keys, block_bytes, parents, checksums)
     except (struct.error, ValueError) as exc:
         raise errors.InvalidArgumentError(f"malformed data-plane request: {exc}") from None
 
@@ -104,15 +109,6 @@ def _keys_at(data: memoryview, pos: int, num: int) -> tuple[tuple[bytes, ...], i
         raise ValueError("keys run past the end of the message")
     raw = bytes(data[pos:end])
     return tuple(raw[i : i + KEY_BYTES] for i in range(0, len(raw), KEY_BYTES)), end
-
-
-def encode_sums(sums: Sequence[int]) -> bytes:
-    """A put's SUMS message: one CRC32C per key of the request (0 where not sent)."""
-    return struct.pack(f"<{len(sums)}I", *sums)
-
-
-def decode_sums(data: memoryview, num_keys: int) -> tuple[int, ...]:
-    return struct.unpack_from(f"<{num_keys}I", data)
 
 
 class Reply(NamedTuple):

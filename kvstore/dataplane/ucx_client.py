@@ -98,10 +98,11 @@ class UcxClient(DataPlaneClient):
         block_bytes: int,
     ) -> ReserveResult:
         bufs = self._checked_buffers(keys, blocks, block_bytes, writable=False)
-        if any(b.is_device for b in bufs):
-            raise errors.InvalidArgumentError("put from device memory is not supported yet")
+        checksums = tuple(_checksum(b) for b in bufs)
         parents_t = tuple(parents) if parents is not None else None
-        req = Request(Op.PUT, next(self._ids), namespace_id, tuple(keys), block_bytes, parents_t)
+        req = Request(
+            Op.PUT, next(self._ids), namespace_id, tuple(keys), block_bytes, parents_t, checksums
+        )
         return self._submit(self._put(req, bufs)).result()
 
     def _checked_buffers(
@@ -180,30 +181,18 @@ class UcxClient(DataPlaneClient):
         reply = await self._recv_reply(req, Kind.REPLY, len(req.keys))
         statuses = tuple(STATUS_CODES[f] for f in reply.flags)
         done = asyncio.ensure_future(self._recv_reply(req, Kind.DONE, 0))
-        todo = [i for i, s in enumerate(statuses) if s is PutStatus.RESERVED]
-        sends = [
-            asyncio.ensure_future(
+        await asyncio.gather(
+            *(
                 self._ep.send(bufs[i].obj, tag=self._block_tag(req, i), force_tag=True)
+                for i, s in enumerate(statuses)
+                if s is PutStatus.RESERVED
             )
-            for i in todo
-        ]
-        if todo:
-            # Summed while the blocks are in flight; the node compares before it commits.
-            sums = await asyncio.to_thread(_checksums, bufs, todo)
-            tag = frames.tag(Kind.SUMS, self.client_id, req.request_id)
-            sends.append(self._ep.send(frames.encode_sums(sums), tag=tag, force_tag=True))
-        await asyncio.gather(*sends)
+        )
         await done
         return ReserveResult(reply.reservation_id, statuses)
 
 
 def _checksum(buf: TransferBuffer) -> int:
+    if buf.is_device:
+        raise errors.InvalidArgumentError("put from device memory is not supported yet")
     return checksum(buf.obj)
-
-
-def _checksums(bufs: Sequence[TransferBuffer], todo: Sequence[int]) -> list[int]:
-    """The SUMS of a put: each sent block's CRC32C, 0 for blocks not sent."""
-    sums = [0] * len(bufs)
-    for i in todo:
-        sums[i] = _checksum(bufs[i])
-    return sums

@@ -5,11 +5,9 @@ Per request (all tags from `frames.tag`):
     GET  client -> REQUEST; server leases, -> REPLY (found flags), -> BLOCK i per hit
          straight from the slot; the lease ends when every send has completed (the client
          has the bytes) or the transfer deadline passes.
-    PUT  client -> REQUEST (keys, parents); server reserves, posts a receive into each
-         reserved slot, -> REPLY (statuses); client -> BLOCK i, then -> SUMS (the CRC32C of
-         every block, computed while the blocks are in flight); the server sums each slot
-         as its block lands, compares, commits, -> DONE. A short or altered block aborts
-         the whole reservation.
+    PUT  client -> REQUEST (keys, parents, checksums); server reserves, posts a receive into
+         each reserved slot, -> REPLY (statuses); client -> BLOCK i; server checks every
+         checksum, commits, -> DONE. A short or altered block aborts the whole reservation.
 
 Requests are handled as concurrent tasks, so a small get never waits behind a large put.
 """
@@ -23,7 +21,6 @@ import logging
 from typing import Any
 
 from kvstore import errors
-from kvstore.checksum import checksum
 from kvstore.dataplane import frames
 from kvstore.dataplane.base import DataPlaneServer
 from kvstore.dataplane.frames import Kind, Op, Reply, Request
@@ -175,49 +172,32 @@ class UcxServer(DataPlaneServer):
         todo = [i for i, s in enumerate(reserved.statuses) if s is PutStatus.RESERVED]
         flags = tuple(STATUS_CODES.index(s) for s in reserved.statuses)
         try:
+            views = {i: self.store.reservation_view(rid, i) for i in todo}
             receives = [
                 asyncio.ensure_future(
-                    self._receive_block(
-                        ep,
-                        self.store.reservation_view(rid, i),
-                        frames.tag(Kind.BLOCK, client_id, req.request_id, i),
+                    ep.recv(
+                        views[i],
+                        tag=frames.tag(Kind.BLOCK, client_id, req.request_id, i),
+                        force_tag=True,
                     )
                 )
                 for i in todo
             ]
-            sums = asyncio.ensure_future(self._receive_sums(client_id, ep, req)) if todo else None
             await self._reply(client_id, ep, req, Reply(flags, rid, req.block_bytes), Kind.REPLY)
-            crcs = await with_deadline(asyncio.gather(*receives), self.timeout_s)
-            sent = await with_deadline(sums, self.timeout_s) if sums is not None else None
+            await with_deadline(asyncio.gather(*receives), self.timeout_s)
         except BaseException:
             self._drop(client_id)  # cancel receives into the slots before they are freed
             self._abort_quietly(rid)
             raise
-        await self._finish_put(client_id, ep, req, rid, dict(zip(todo, crcs, strict=True)), sent)
-
-    async def _receive_block(self, ep: Any, view: memoryview, tag: int) -> int:
-        """Receives one block into its slot; returns the slot's CRC32C, summed as it lands."""
-        await ep.recv(view, tag=tag, force_tag=True)
-        return await asyncio.to_thread(checksum, view)
-
-    async def _receive_sums(self, client_id: int, ep: Any, req: Request) -> tuple[int, ...]:
-        buf = bytearray(4 * len(req.keys))
-        await ep.recv(buf, tag=frames.tag(Kind.SUMS, client_id, req.request_id), force_tag=True)
-        return frames.decode_sums(memoryview(buf), len(req.keys))
+        await self._finish_put(client_id, ep, req, rid, views)
 
     async def _finish_put(
-        self,
-        client_id: int,
-        ep: Any,
-        req: Request,
-        rid: int,
-        crcs: dict[int, int],
-        sent: tuple[int, ...] | None,
+        self, client_id: int, ep: Any, req: Request, rid: int, views: dict[int, memoryview]
     ) -> None:
         try:
-            for i, crc in crcs.items():
-                self.store.mark_written(rid, i, crc)
-            await asyncio.to_thread(self.store.commit, rid, sent)
+            for i in views:
+                self.store.mark_written(rid, i)
+            await asyncio.to_thread(self.store.commit, rid, req.checksums or None)
         except errors.KVStoreError as exc:
             self._abort_quietly(rid)
             log.warning("event=ucx_put_rejected client=%d error=%s", client_id, exc)
