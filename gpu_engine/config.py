@@ -98,6 +98,7 @@ class EngineConfig:
     max_num_seqs: int = option(32, "most sequences running at once")
     max_prefill_tokens: int = option(2048, "most prompt tokens computed per step (chunking)")
     enable_prefix_cache: bool = option(True, "reuse full blocks across requests")
+    async_load: bool = option(True, "receive store blocks off the step loop (False: inline)")
     seed: int = option(0, "seed of the random weights and of unseeded sampling")
     tenant_salt: str = option("", "tenant salt of the KV namespace, hex")
 

@@ -1,7 +1,8 @@
 """`StoreConnector`: the engine's KV blocks to and from a kvstore node.
 
-Load (on admission, in the step loop): match the blocks' keys in the store, then receive
-the hits over UCX straight into the engine's pages (`KVCache.block_view`, no intermediate
+Load (on admission): `lookup` matches the blocks' keys in the store (one control-plane
+call, in the step loop), then `load`, on the engine's loader thread, receives the hits over
+UCX straight into the engine's pages (`KVCache.block_view`, no intermediate
 copy when ``page_tokens == block_tokens``; otherwise through one staging block), in batches
 of `load_batch_blocks`. Only a prefix of fully received blocks is ever reported loaded: a
 failed batch counts for nothing, and the engine recomputes from there.
@@ -104,28 +105,31 @@ class StoreConnector(KVConnector):
         """Registered with the store and not pausing after an error; calls nothing."""
         return self._namespace_id is not None and self._clock() >= self._skip_until
 
+    def lookup(self, request: ConnectorRequest, keys: Sequence[bytes]) -> int:
+        if not keys or not self._ensure_registered():
+            return 0
+        assert self._namespace_id is not None
+        try:
+            return self._client.match(self._namespace_id, keys).num_matched
+        except KVStoreError as exc:
+            self._on_error("match", request, exc)
+            return 0
+
     def load(
         self, request: ConnectorRequest, keys: Sequence[bytes], pages: Sequence[BlockPages]
     ) -> int:
         if not keys or not self._ensure_registered():
             return 0
-        assert self._namespace_id is not None
         start_s = self._clock()
-        try:
-            num_hits = self._client.match(self._namespace_id, keys).num_matched
-        except KVStoreError as exc:
-            self._on_error("match", request, exc)
-            return 0
-        num_loaded = self._load_hits(request, keys[:num_hits], pages[:num_hits])
+        num_loaded = self._load_hits(request, keys, pages)
         self._num_loaded += num_loaded
-        if num_hits:
-            logger.info(
-                "event=store_load request_id=%d hits=%d loaded=%d elapsed_ms=%.1f",
-                request.request_id,
-                num_hits,
-                num_loaded,
-                (self._clock() - start_s) * 1000,
-            )
+        logger.info(
+            "event=store_load request_id=%d blocks=%d loaded=%d elapsed_ms=%.1f",
+            request.request_id,
+            len(keys),
+            num_loaded,
+            (self._clock() - start_s) * 1000,
+        )
         return num_loaded
 
     def save(

@@ -1,5 +1,10 @@
 """The engine's seam to an external KV store: load full blocks on admission, save new ones.
 
+On admission the engine asks `lookup` (in its step loop) how many of the blocks its local
+prefix cache missed the store holds; when some, it runs `load` on its loader thread while
+the step loop goes on decoding the running requests, and the request joins prefill once the
+load returns (vLLM's WAITING_FOR_REMOTE_KVS, in small).
+
 The engine owns pages and block keys; a connector only moves bytes between the store and
 pages it is handed, through `KVCache.write_block` / `read_block` / `block_view`. Every block
 is `pages_per_block` pages, passed as a tuple; keys come from `kvstore.keys.block_keys` in
@@ -29,7 +34,9 @@ class ConnectorRequest(NamedTuple):
 class KVConnector(ABC):
     """Moves full KV blocks between an engine's pages and an outside store.
 
-    Calls come from the engine's step loop, one at a time, never concurrently.
+    `lookup` and `save` come from the engine's step loop. `load` may come from the engine's
+    loader thread, one load at a time, concurrently with `lookup` and `save` for other
+    blocks; the pages it is handed belong to it alone until it returns.
     """
 
     def bind(self, cache: KVCache, namespace: Namespace) -> None:
@@ -37,13 +44,21 @@ class KVConnector(ABC):
         self.cache = cache
         self.namespace = namespace
 
+    def lookup(self, request: ConnectorRequest, keys: Sequence[bytes]) -> int:
+        """How many leading blocks of `keys` the store holds now, n (0 <= n <= len(keys)).
+
+        A hint, asked in the step loop, so it must be quick: the engine loads only those n
+        (and `load` may still find fewer). The default claims all of them; errors count as 0.
+        """
+        return len(keys)
+
     @abstractmethod
     def load(
         self, request: ConnectorRequest, keys: Sequence[bytes], pages: Sequence[BlockPages]
     ) -> int:
         """Fills blocks from the store, in order, and returns how many, n (0 <= n <= len(keys)).
 
-        Called on admission for the full prompt blocks the local prefix cache missed; block i
+        Called on admission for the blocks `lookup` reported, usually off the step loop; block i
         has key `keys[i]` and goes to `pages[i]`. The engine counts exactly the first n blocks
         as loaded and recomputes the rest (overwriting whatever was written into them), so
         block n and later may be left in any state; every block before n must be complete
@@ -65,6 +80,9 @@ class KVConnector(ABC):
 
 class NoopConnector(KVConnector):
     """The default: loads nothing, saves nothing."""
+
+    def lookup(self, request: ConnectorRequest, keys: Sequence[bytes]) -> int:
+        return 0
 
     def load(
         self, request: ConnectorRequest, keys: Sequence[bytes], pages: Sequence[BlockPages]

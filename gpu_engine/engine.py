@@ -4,7 +4,10 @@ Each step runs one forward pass over a mix of sequences: every running request t
 decoding computes its last token, prefilling ones compute their next chunk, and new requests
 are admitted while the prefill token budget and the page pool allow. On admission a request
 reuses the longest prefix of its full prompt blocks found in the local prefix cache, then
-asks the connector to load the next ones from the store, and computes only the rest.
+asks the connector which of the next ones the store holds. Those are received on the loader
+thread while the step loop goes on (the request holds its pages and waits in `_loading`);
+once they are in, the request joins the running ones and computes only the rest. A step
+with nothing else to run waits for a load instead of spinning.
 
 Token ranges of one request (B = block_tokens):
 
@@ -25,6 +28,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -39,6 +43,15 @@ from kvstore.errors import InvalidArgumentError
 from kvstore.keys import block_keys
 
 logger = logging.getLogger(__name__)
+
+
+class _PendingLoad(NamedTuple):
+    """Blocks `first_block...` of a request, being received into its pages."""
+
+    first_block: int
+    keys: list[bytes]
+    blocks: list[tuple[int, ...]]
+    num_loaded: Future[int]
 
 
 class Usage(NamedTuple):
@@ -93,6 +106,7 @@ class Request:
     last_token_s: float | None = None
     last_logits: torch.Tensor | None = None
     finish_reason: str | None = None
+    load: _PendingLoad | None = None  # while its store blocks are being received
 
     @property
     def num_uncomputed(self) -> int:
@@ -144,11 +158,13 @@ class Engine:
         self._clock = clock
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
+        self._loading: list[Request] = []  # admitted, receiving store blocks
+        self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-load")
         self._next_id = 0
 
     @property
     def has_unfinished(self) -> bool:
-        return bool(self._waiting or self._running)
+        return bool(self._waiting or self._running or self._loading)
 
     @property
     def num_waiting(self) -> int:
@@ -156,7 +172,8 @@ class Engine:
 
     @property
     def num_running(self) -> int:
-        return len(self._running)
+        """Admitted requests: running, or receiving their store blocks."""
+        return len(self._running) + len(self._loading)
 
     def add_request(
         self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None
@@ -180,7 +197,11 @@ class Engine:
 
     def step(self) -> list[RequestOutput]:
         """One forward pass; returns an output for every request that got a token."""
+        self._finish_loads(block=False)
         scheduled = self._schedule()
+        if not scheduled and self._loading:  # nothing to compute until a load is in
+            self._finish_loads(block=True)
+            scheduled = self._schedule()
         if not scheduled:
             return []
         batch = ForwardBatch.build(
@@ -224,11 +245,15 @@ class Engine:
                 continue
             scheduled.append((req, num_new))
             budget -= num_new if num_new > 1 else 0
-        while self._waiting and budget > 0 and len(self._running) < self.config.max_num_seqs:
+        while self._waiting and budget > 0 and self.num_running < self.config.max_num_seqs:
             req = self._waiting[0]
             if not self._admit(req):
                 break
-            self._running.append(self._waiting.popleft())
+            self._waiting.popleft()
+            if req.load is not None:
+                self._loading.append(req)
+                continue
+            self._running.append(req)
             num_new = min(req.num_uncomputed, budget)
             scheduled.append((req, num_new))
             budget -= num_new
@@ -245,33 +270,69 @@ class Engine:
             self.pool.release(reused[::-1])
             return False
         req.pages = reused + self.pool.allocate(need)
-        num_loaded = self._load(req, len(hits), keys)
-        req.num_computed = (len(hits) + num_loaded) * self.config.block_tokens
+        req.num_computed = len(hits) * self.config.block_tokens
         if req.local_cached_tokens is None:
-            req.local_cached_tokens = len(hits) * self.config.block_tokens
-            req.store_cached_tokens = num_loaded * self.config.block_tokens
+            req.local_cached_tokens = req.num_computed
+        self._start_load(req, len(hits), keys)
+        if req.load is not None and req.load.num_loaded.done():  # inline, or nothing to load
+            self._finish_load(req)
         return True
 
-    def _load(self, req: Request, first_block: int, all_keys: list[bytes]) -> int:
-        """Asks the connector for blocks `first_block...` of `all_keys`; caches and counts
-        only those it reports complete."""
-        keys = all_keys[first_block:]
-        if not keys:
-            return 0
-        blocks = [self._block_pages(req, first_block + i) for i in range(len(keys))]
+    def _start_load(self, req: Request, first_block: int, all_keys: list[bytes]) -> None:
+        """Starts receiving the blocks after `first_block` that the store holds (`req.load`)."""
         parent = all_keys[first_block - 1] if first_block else None
+        info = req.info._replace(parent_key=parent)
+        keys = all_keys[first_block:]
+        keys = keys[: self._lookup(info, keys)] if keys else []
+        blocks = [self._block_pages(req, first_block + i) for i in range(len(keys))]
+        if keys and self.config.async_load:
+            num_loaded = self._loader.submit(self.connector.load, info, keys, blocks)
+        else:
+            num_loaded = Future()
+            try:
+                num_loaded.set_result(self.connector.load(info, keys, blocks) if keys else 0)
+            except Exception as exc:
+                num_loaded.set_exception(exc)
+        req.load = _PendingLoad(first_block, keys, blocks, num_loaded)
+
+    def _lookup(self, info: ConnectorRequest, keys: list[bytes]) -> int:
         try:
-            num_loaded = self.connector.load(req.info._replace(parent_key=parent), keys, blocks)
+            num_hits = self.connector.lookup(info, keys)
+        except Exception:
+            logger.exception("event=connector_lookup_failed request_id=%d", info.request_id)
+            return 0
+        if not isinstance(num_hits, int) or not 0 <= num_hits <= len(keys):
+            logger.error("event=connector_lookup_bad_count count=%r", num_hits)
+            return 0
+        return num_hits
+
+    def _finish_loads(self, block: bool) -> None:
+        """Moves requests whose load is over to the running ones (waiting for one if `block`)."""
+        if block and self._loading:
+            wait([r.load.num_loaded for r in self._loading if r.load], return_when=FIRST_COMPLETED)
+        for req in [r for r in self._loading if r.load and r.load.num_loaded.done()]:
+            self._loading.remove(req)
+            self._finish_load(req)
+            self._running.append(req)
+
+    def _finish_load(self, req: Request) -> None:
+        """Caches and counts only the blocks the connector reports complete."""
+        load, req.load = req.load, None
+        assert load is not None
+        try:
+            num_loaded = load.num_loaded.result()
         except Exception:
             logger.exception("event=connector_load_failed request_id=%d", req.request_id)
-            return 0
-        if not isinstance(num_loaded, int) or not 0 <= num_loaded <= len(keys):
+            num_loaded = 0
+        if not isinstance(num_loaded, int) or not 0 <= num_loaded <= len(load.keys):
             logger.error("event=connector_load_bad_count count=%r", num_loaded)
-            return 0
+            num_loaded = 0
         if self.config.enable_prefix_cache:
-            for key, pages in zip(keys[:num_loaded], blocks, strict=False):
+            for key, pages in zip(load.keys[:num_loaded], load.blocks, strict=False):
                 self.pool.insert(key, pages)
-        return num_loaded
+        req.num_computed = (load.first_block + num_loaded) * self.config.block_tokens
+        if req.store_cached_tokens is None:
+            req.store_cached_tokens = num_loaded * self.config.block_tokens
 
     def _reserve(self, req: Request, num_tokens: int) -> bool:
         """Grows `req` to pages for `num_tokens`, preempting the youngest running requests

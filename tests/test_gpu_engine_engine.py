@@ -4,6 +4,7 @@ same tokens and logits as recomputation; batching, chunking and preemption chang
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator, Sequence
 
 import pytest
@@ -93,6 +94,11 @@ class FlakyConnector(DictConnector):
         super().__init__(blocks)
         self.mode, self.limit = mode, limit
 
+    def lookup(self, request: ConnectorRequest, keys: Sequence[bytes]) -> int:
+        if self.mode == "lookup_raise":
+            raise ConnectionError("store unreachable")
+        return len(keys) + 1 if self.mode == "lookup_bad_count" else len(keys)
+
     def load(
         self, request: ConnectorRequest, keys: Sequence[bytes], pages: Sequence[BlockPages]
     ) -> int:
@@ -132,16 +138,41 @@ def test_prompt_of_whole_blocks_still_computes_its_last_block() -> None:
     _assert_same(out, _reference(prompt))
 
 
+class GatedConnector(DictConnector):
+    """Loads only once `gate` is set, so a test sees the engine while a load is in flight;
+    `lookup` reports at most `max_hits` blocks."""
+
+    def __init__(self, blocks: dict[bytes, object], max_hits: int = 1 << 30) -> None:
+        super().__init__(blocks)
+        self.gate = threading.Event()
+        self.max_hits = max_hits
+        self.loaded_keys: list[bytes] = []
+
+    def lookup(self, request: ConnectorRequest, keys: Sequence[bytes]) -> int:
+        return min(self.max_hits, len(keys))
+
+    def load(
+        self, request: ConnectorRequest, keys: Sequence[bytes], pages: Sequence[BlockPages]
+    ) -> int:
+        assert self.gate.wait(timeout=30), "the test never opened the gate"
+        self.loaded_keys += keys
+        return super().load(request, keys, pages)
+
+
+@pytest.mark.parametrize("async_load", [True, False])
 @pytest.mark.parametrize("as_bytes", [False, True])
 @pytest.mark.parametrize("page_tokens", [4, 8])
-def test_blocks_saved_by_one_engine_load_into_another(page_tokens: int, as_bytes: bool) -> None:
+def test_blocks_saved_by_one_engine_load_into_another(
+    page_tokens: int, as_bytes: bool, async_load: bool
+) -> None:
     blocks: dict[bytes, object] = {}
     prompt = _prompt(4, 5 * BLOCK + 3)
     saver = DictConnector(blocks, as_bytes)
     _make_engine(saver, page_tokens=page_tokens).generate([prompt], GREEDY)
     assert saver.num_saved == len(blocks) == 6  # 48 computed tokens (prompt and outputs)
 
-    engine = _make_engine(DictConnector(blocks, as_bytes), page_tokens=page_tokens)
+    connector = DictConnector(blocks, as_bytes)
+    engine = _make_engine(connector, page_tokens=page_tokens, async_load=async_load)
     short = prompt[: 2 * BLOCK + 1]
     out_short, out = (engine.generate([p], GREEDY)[0] for p in (short, prompt))
     _assert_same(out_short, _reference(short))
@@ -153,7 +184,14 @@ def test_blocks_saved_by_one_engine_load_into_another(page_tokens: int, as_bytes
 
 @pytest.mark.parametrize(
     ("mode", "limit", "loaded_blocks"),
-    [("raise", 0, 0), ("bad_count", 0, 0), ("partial", 0, 0), ("partial", 2, 2)],
+    [
+        ("raise", 0, 0),
+        ("bad_count", 0, 0),
+        ("partial", 0, 0),
+        ("partial", 2, 2),
+        ("lookup_raise", 4, 0),
+        ("lookup_bad_count", 4, 0),
+    ],
 )
 def test_failed_or_partial_loads_are_recomputed(mode: str, limit: int, loaded_blocks: int) -> None:
     blocks: dict[bytes, object] = {}
@@ -164,6 +202,43 @@ def test_failed_or_partial_loads_are_recomputed(mode: str, limit: int, loaded_bl
     _assert_same(out, _reference(prompt))
     assert out.usage.store_cached_tokens == loaded_blocks * BLOCK
     assert out.usage.cached_tokens == loaded_blocks * BLOCK
+    _assert_idle(engine)
+
+
+def test_running_requests_decode_while_a_load_is_in_flight() -> None:
+    blocks: dict[bytes, object] = {}
+    stored = _prompt(60, 4 * BLOCK + 3)
+    _make_engine(DictConnector(blocks)).generate([stored], GREEDY)
+    connector = GatedConnector(blocks)
+    engine = _make_engine(connector)
+    other = _prompt(61, 5)  # shorter than a block: nothing to look up
+    engine.add_request(other, SamplingParams(max_tokens=4))
+    engine.add_request(stored, GREEDY)
+
+    early = [engine.step() for _ in range(4)]  # the load waits at the gate meanwhile
+    assert [[o.request_id for o in outs] for outs in early] == [[0]] * 4
+    assert early[-1][0].finished and engine.num_running == 1 and engine.has_unfinished
+    _assert_same(early[-1][0], _reference(other, SamplingParams(max_tokens=4)))
+
+    connector.gate.set()
+    finished = [o for _ in range(GREEDY.max_tokens + 1) for o in engine.step() if o.finished]
+    assert [o.request_id for o in finished] == [1]
+    _assert_same(finished[0], _reference(stored))
+    assert finished[0].usage[2:] == (4 * BLOCK, 0, 4 * BLOCK)
+    _assert_idle(engine)
+
+
+def test_only_blocks_the_lookup_reports_are_loaded() -> None:
+    blocks: dict[bytes, object] = {}
+    prompt = _prompt(62, 4 * BLOCK + 3)
+    _make_engine(DictConnector(blocks)).generate([prompt], GREEDY)
+    connector = GatedConnector(blocks, max_hits=2)
+    connector.gate.set()
+    engine = _make_engine(connector)
+    out = engine.generate([prompt], GREEDY)[0]  # a lone request: the step waits for its load
+    _assert_same(out, _reference(prompt))
+    assert len(connector.loaded_keys) == 2
+    assert out.usage.store_cached_tokens == 2 * BLOCK
     _assert_idle(engine)
 
 
