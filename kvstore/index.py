@@ -34,6 +34,7 @@ class Entry:
     seq: int = 0  # commit order
     stale_slot: Slot | None = None  # left DRAM while leased: freed when the last lease ends
     is_demoting: bool = False  # being written to SSD outside the lock; out of the DRAM policy
+    num_hits: int = 0  # reads since commit, in any tier
 
     @property
     def tier(self) -> str:

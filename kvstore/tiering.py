@@ -9,6 +9,10 @@ SSD is inclusive: a promoted block keeps its SSD record, so evicting a clean blo
 DRAM is free, and only blocks that were never written out cost an SSD write. DRAM over
 its high watermark is cleaned down to its low watermark by writing victims to SSD in one
 transaction (by a background thread, or inline when `background_demotion` is off).
+
+Each tier has its own policy instance. A block's reads follow it down: a block demoted after
+a hit in DRAM is recorded as reused by the SSD policy too, so a policy that protects reused
+blocks (prefix-2q) keeps protecting it there.
 """
 
 from __future__ import annotations
@@ -148,6 +152,8 @@ class Tiering:
 
     def touch(self, entries: Sequence[Entry]) -> None:
         """Records hits, in chain order, with each tier's policy."""
+        for entry in entries:
+            entry.num_hits += 1
         self.dram_policy.touch([e.key for e in entries if e.slot is not None])
         self.ssd_policy.touch([e.key for e in entries if e.on_ssd])
 
@@ -307,6 +313,8 @@ class Tiering:
             if entry.slot is not None:
                 self._redundant[entry.key] = entry
             self.ssd_policy.insert(entry.key, entry.parent)
+            if entry.num_hits:  # reused in DRAM: the SSD policy hears of it too
+                self.ssd_policy.touch([entry.key])
             self.counters.tiers["ssd"].bytes_written += entry.nbytes
         self.counters.demotions += len(entries)
 

@@ -165,3 +165,31 @@ def test_watermarks_are_validated(tmp_path):
         StoreConfig(dram_low_watermark=0.9, dram_high_watermark=0.8)
     with pytest.raises(errors.InvalidArgumentError, match="ssd_bytes"):
         StoreConfig(ssd_path=str(tmp_path))
+
+
+def test_a_block_reused_in_dram_stays_protected_on_ssd(tmp_path):
+    """Its DRAM hits follow a block to SSD: there it outlives blocks demoted unread."""
+    with _make_store(
+        tmp_path / "ssd",
+        dram_blocks=4,
+        ssd_blocks=8,
+        policy="prefix-2q",
+        ssd_policy="prefix-2q",
+        dram_high_watermark=1.0,
+        dram_low_watermark=1.0,
+        ssd_high_watermark=1.0,
+        ssd_low_watermark=1.0,
+    ) as store:
+        reused, kept = _chain(2, seed=1), _chain(2, seed=2)
+        for keys in (reused, kept):  # DRAM full of protected blocks
+            _put(store, keys)
+            assert store.read(NS.id, keys) == [_payload(k) for k in keys]
+        unread = _chain(2, seed=3)
+        _put(store, unread)  # demotes `reused`, the least recent protected
+        assert _tier(store, "ssd").num_blocks == 2
+        for seed in range(4, 16):  # one-use chains push `unread` through DRAM, then SSD
+            _put(store, _chain(2, seed=seed))
+        assert store.match(NS.id, reused).num_matched == 2
+        assert store.match(NS.id, unread).num_matched == 0
+        assert store.read(NS.id, reused) == [_payload(k) for k in reused]
+        store.check_integrity()
