@@ -1,12 +1,15 @@
 """The request shapes of the `prefix` suite, after the common public benchmarks.
 
 Each workload drives a list of engines (`EngineClient` or alike) and returns the requests it
-measured. Requests are sent one at a time, so TTFT is prefill (or load) time, never queueing.
+measured. Requests are sent one at a time, so TTFT is prefill (or load) time, never queueing,
+except in multi-round-qa, whose users are concurrent: there loads overlap other users'
+decoding, which is what its TPOT row measures.
 
 - system-prompt: one long system prompt shared by many users, users spread round-robin over
   two engines (a data-parallel deployment with no session affinity).
 - multi-round-qa: users x rounds with a growing history (LMCache multi-round-qa, SGLang
   bench_multiturn); round r of user u goes to engine (u + r) % 2, as a load balancer would.
+  A round's users ask at once (`Together`); the next round starts when all have answers.
 - long-doc-qa: documents of 8k+ tokens; engine A reads each once (the warm phase, only where
   a store can carry it over), then engine B, which never saw them, is asked about each
   (measured), then asked again (the floor's suffix prefill: all but the question cached).
@@ -28,6 +31,8 @@ from gpu_engine.sampling import SamplingParams
 
 VOCAB = 32000  # the `bench` preset's
 Advance = Callable[[int], None]
+# Sends (engine index, prompt) requests at once; their results, in order.
+Together = Callable[[Sequence[tuple[int, list[int]]], SamplingParams], list["GenerateResult"]]
 
 
 class EngineHandle(Protocol):
@@ -70,7 +75,12 @@ class Workload:
         return shape.num_users * shape.num_rounds
 
     def drive(
-        self, engines: Sequence[EngineHandle], shape: Shape, warm: bool, advance: Advance
+        self,
+        engines: Sequence[EngineHandle],
+        shape: Shape,
+        warm: bool,
+        advance: Advance,
+        together: Together,
     ) -> WorkloadRun:
         raise NotImplementedError
 
@@ -81,7 +91,12 @@ class SystemPrompt(Workload):
     quick = Shape(num_users=4, num_rounds=1, context_len=1024, question_len=32, max_tokens=8)
 
     def drive(
-        self, engines: Sequence[EngineHandle], shape: Shape, warm: bool, advance: Advance
+        self,
+        engines: Sequence[EngineHandle],
+        shape: Shape,
+        warm: bool,
+        advance: Advance,
+        together: Together,
     ) -> WorkloadRun:
         rng = np.random.default_rng(1)
         system = _tokens(rng, shape.context_len)
@@ -100,7 +115,12 @@ class MultiRoundQA(Workload):
     quick = Shape(num_users=3, num_rounds=3, context_len=512, question_len=32, max_tokens=16)
 
     def drive(
-        self, engines: Sequence[EngineHandle], shape: Shape, warm: bool, advance: Advance
+        self,
+        engines: Sequence[EngineHandle],
+        shape: Shape,
+        warm: bool,
+        advance: Advance,
+        together: Together,
     ) -> WorkloadRun:
         rng = np.random.default_rng(2)
         histories = [_tokens(rng, shape.context_len) for _ in range(shape.num_users)]
@@ -109,10 +129,12 @@ class MultiRoundQA(Workload):
         for rnd in range(shape.num_rounds):
             for user in range(shape.num_users):
                 histories[user] += _tokens(rng, shape.question_len)
-                out = engines[(user + rnd) % len(engines)].generate(histories[user], params)
+            requests = [((u + rnd) % len(engines), histories[u]) for u in range(shape.num_users)]
+            outs = together(requests, params)
+            for user, out in enumerate(outs):
                 histories[user] += out.output_token_ids  # the answer joins the history
-                measured.append(out)
-                advance(1)
+            measured += outs
+            advance(len(outs))
         return WorkloadRun(measured, [])
 
 
@@ -125,7 +147,12 @@ class LongDocQA(Workload):
         return shape.num_users * (3 if warm else 1)
 
     def drive(
-        self, engines: Sequence[EngineHandle], shape: Shape, warm: bool, advance: Advance
+        self,
+        engines: Sequence[EngineHandle],
+        shape: Shape,
+        warm: bool,
+        advance: Advance,
+        together: Together,
     ) -> WorkloadRun:
         rng = np.random.default_rng(3)
         docs = [_tokens(rng, shape.context_len) for _ in range(shape.num_users)]

@@ -38,6 +38,8 @@ class GenerateResult(NamedTuple):
     engine_ttft_s: float  # engine: arrival to first token
     engine_tpot_s: float | None
     logits: np.ndarray | None  # (vocab,) fp32 of the last token, when asked for
+    start_s: float = 0.0  # client: time.perf_counter() at the call
+    end_s: float = 0.0  # client: time.perf_counter() at the last token
 
 
 class EngineClient:
@@ -128,4 +130,6 @@ def _result(
         engine_ttft_s=final.metrics.ttft_s,
         engine_tpot_s=final.metrics.tpot_s or None,
         logits=np.frombuffer(final.logits, dtype="<f4").copy() if final.logits else None,
+        start_s=start,
+        end_s=arrivals[-1],
     )

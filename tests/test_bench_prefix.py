@@ -18,9 +18,14 @@ JSON_KEYS = {
 }  # fmt: skip
 
 
-def _result(ttft_s: float, tokens: tuple[int, ...], store_cached: int = 0) -> GenerateResult:
+def _result(
+    ttft_s: float, tokens: tuple[int, ...], store_cached: int = 0, start_s: float = 0.0
+) -> GenerateResult:
     usage = Usage(1000, len(tokens), store_cached, 0, store_cached)
-    return GenerateResult(0, tokens, "length", usage, ttft_s, 0.01, ttft_s, 0.01, None)
+    end_s = start_s + ttft_s + 0.01 * (len(tokens) - 1)
+    return GenerateResult(
+        0, tokens, "length", usage, ttft_s, 0.01, ttft_s, 0.01, None, start_s, end_s
+    )
 
 
 def test_suite_is_registered_with_its_workload_flag():
@@ -70,3 +75,15 @@ def test_different_outputs_are_reported():
     run = WorkloadRun([_result(0.3, (1, 9))], [])
     row = prefix._row(doc, "local", run, 0, [(1, 2)], 10.0)
     assert row["outputs_identical"] is False
+
+
+def test_throughput_counts_overlapping_requests_once():
+    rnd = WORKLOADS["multi-round-qa"]
+    together = [_result(1.0, (1, 2, 3), start_s=10.0), _result(1.5, (4, 5, 6), start_s=10.0)]
+    apart = [_result(1.0, (1, 2, 3), start_s=10.0), _result(1.5, (4, 5, 6), start_s=20.0)]
+    rows = [
+        prefix._row(rnd, "kvstore", WorkloadRun(run, []), 0, [(1, 2, 3), (4, 5, 6)], 10.0)
+        for run in (together, apart)
+    ]
+    assert rows[0]["throughput_tok_s"] == pytest.approx(6 / 1.52)  # the longer one's span
+    assert rows[1]["throughput_tok_s"] == pytest.approx(6 / (1.02 + 1.52))
