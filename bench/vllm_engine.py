@@ -4,7 +4,10 @@ Run as ``python -m bench.vllm_engine SPEC.json OUT.json`` in a venv with vLLM. T
 names the model, the connector and the sessions; each session is a list of turns, and turn
 ``i``'s prompt is every earlier turn and answer followed by turn ``i`` (multi-round QA).
 The output lists, per request, TTFT, TPOT, the output token ids and vLLM's cached-token
-count. Tests and `kvstore-bench vllm` both drive vLLM through this file.
+count. Tests and `kvstore-bench vllm` both drive vLLM through this file. With
+``"in_process": true`` the engine core and its worker run in this process (the connector's
+scheduler and worker sides still run apart, as in a deployment); tests use it, since each
+extra vLLM process costs seconds of imports.
 """
 
 from __future__ import annotations
@@ -58,7 +61,11 @@ def make_llm(spec: dict[str, Any]) -> Any:
     from vllm import LLM
 
     kv = kv_transfer_config(spec)
+    in_process = spec.get("in_process", False)
+    if in_process:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     return LLM(
+        distributed_executor_backend="uni" if in_process else None,
         model=spec["model"],
         dtype="float32",
         block_size=spec.get("block_size", 32),

@@ -43,7 +43,7 @@ def prompt_tokens(seed: int, length: int) -> list[int]:
 def run_vllm(workdir: Path, name: str, **spec: Any) -> VllmRun:
     """Runs `bench.vllm_engine` on `spec` in a fresh process; raises on failure."""
     spec_path, out_path, log_path = (workdir / f"{name}.{ext}" for ext in ("json", "out", "log"))
-    spec_path.write_text(json.dumps({"max_tokens": 8, **spec}))
+    spec_path.write_text(json.dumps({"max_tokens": 8, "in_process": True, **spec}))
     cmd = [sys.executable, "-m", "bench.vllm_engine", str(spec_path), str(out_path)]
     env = {**os.environ, **ENV}
     with open(log_path, "w") as log:
