@@ -3,7 +3,9 @@
 `offer` copies blocks out of the engine's pages into host staging buffers from a fixed pool
 (pinned when the pages live on a GPU) and queues them; a background thread puts each batch
 as one chain. The step loop never waits on the network: when no staging buffer is free the
-blocks are dropped and counted, never queued unboundedly.
+blocks are dropped and counted, never queued unboundedly. A chain cut short by a drop stays
+cut: its later blocks (offered with a dropped block as parent) could never be matched by
+prefix, so they are dropped too instead of taking staging buffers and store space.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -26,7 +29,7 @@ ReadBlock = Callable[[int, torch.Tensor], object]  # (block index in the offer, 
 
 class PublishStats(NamedTuple):
     num_published_blocks: int
-    num_dropped_blocks: int  # no staging buffer free, or the publisher stopped
+    num_dropped_blocks: int  # no staging buffer free, publisher stopped, or chain cut
     num_failed_blocks: int  # the put raised
     num_pending_blocks: int  # staged, not yet put
 
@@ -35,6 +38,9 @@ class _Job(NamedTuple):
     keys: list[bytes]
     buffers: list[torch.Tensor]
     parent: bytes | None
+
+
+MAX_CUT_CHAINS = 4096  # cut chains remembered; beyond, the oldest are forgotten
 
 
 class BlockPublisher:
@@ -63,18 +69,19 @@ class BlockPublisher:
         self._lock = threading.Condition()
         self._counts = {"published": 0, "dropped": 0, "failed": 0, "pending": 0}
         self._is_closed = False
+        self._cut: OrderedDict[bytes, None] = OrderedDict()  # last keys of cut chains
         self._thread = threading.Thread(target=self._run, name="kv-publisher", daemon=True)
         self._thread.start()
 
     def offer(self, keys: Sequence[bytes], read_block: ReadBlock, parent: bytes | None) -> int:
         """Stages blocks `keys` (block i copied by ``read_block(i, out)``) and queues their put;
         returns how many were staged. Blocks beyond the free buffers are dropped: a chain
-        cut short stays a valid prefix."""
+        cut short stays a valid prefix, and its continuations are dropped from then on."""
         with self._lock:
-            if self._is_closed:
-                self._counts["dropped"] += len(keys)
-                return 0
-            num = min(len(keys), len(self._free))
+            is_cut = self._is_cut(parent)
+            num = 0 if self._is_closed or is_cut else min(len(keys), len(self._free))
+            if num < len(keys) and keys:
+                self._mark_cut(keys[-1])
             buffers = [self._free.pop() for _ in range(num)]
             self._counts["dropped"] += len(keys) - num
             self._counts["pending"] += num
@@ -105,12 +112,25 @@ class BlockPublisher:
 
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
-            outcome = self._put(job)
             with self._lock:
+                is_cut = self._is_cut(job.parent)  # its parent's put failed meanwhile
+            outcome = "dropped" if is_cut else self._put(job)
+            with self._lock:
+                if outcome != "published":
+                    self._mark_cut(job.keys[-1])
                 self._counts[outcome] += len(job.keys)
                 self._counts["pending"] -= len(job.keys)
                 self._free.extend(job.buffers)
                 self._lock.notify_all()
+
+    def _is_cut(self, parent: bytes | None) -> bool:
+        """Whether `parent` ends a cut chain (forgotten once asked: a chain has one tail)."""
+        return parent is not None and self._cut.pop(parent, 0) is None
+
+    def _mark_cut(self, key: bytes) -> None:
+        self._cut[key] = None
+        while len(self._cut) > MAX_CUT_CHAINS:
+            self._cut.popitem(last=False)
 
     def _put(self, job: _Job) -> str:
         try:

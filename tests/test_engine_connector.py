@@ -239,6 +239,56 @@ def test_full_publish_queue_drops_blocks_and_keeps_outputs(store):
     assert out.usage.store_cached_tokens == 2 * BLOCK  # the published chain prefix
 
 
+def test_a_chain_cut_by_a_drop_is_not_continued(store):
+    prompt = _prompt(11)  # 8 full blocks; the 9th completes while decoding
+    connector = _connector(store.address, publish_buffers=2)
+    engine = Engine(_engine_config(max_prefill_tokens=4096), connector)
+    real_put_chain, unblock = connector._client.put_chain, threading.Event()
+
+    def slow_put_chain(*args, **kwargs):  # type: ignore[no-untyped-def]
+        unblock.wait(timeout=30)
+        return real_put_chain(*args, **kwargs)
+
+    connector._client.put_chain = slow_put_chain  # type: ignore[method-assign]
+    engine.add_request(prompt, GREEDY)
+    assert engine.step()  # the prefill offers 8 blocks: 2 staged, 6 dropped
+    unblock.set()
+    assert connector.drain(timeout_s=30.0)  # buffers are free again before block 9
+    outputs = [o for _ in range(GREEDY.max_tokens) for o in engine.step() if o.finished]
+    assert connector.drain(timeout_s=30.0)
+    stats = connector.stats().publish
+    assert (stats.num_published_blocks, stats.num_dropped_blocks) == (2, 7)
+    _assert_same(outputs[0], _reference(prompt))
+    connector.close()
+    with Client(store.address) as client:
+        assert client.stats().num_blocks == 2  # no orphan of block 9
+
+
+def test_a_chain_whose_put_failed_is_not_continued(store):
+    prompt = _prompt(12)
+    connector = _connector(store.address)
+    engine = Engine(_engine_config(max_prefill_tokens=4096), connector)
+    real_put_chain, calls = connector._client.put_chain, []
+
+    def failing_once(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(args)
+        if len(calls) == 1:
+            raise UnavailableError("the store went away for a moment")
+        return real_put_chain(*args, **kwargs)
+
+    connector._client.put_chain = failing_once  # type: ignore[method-assign]
+    engine.add_request(prompt, GREEDY)
+    assert engine.step()
+    assert connector.drain(timeout_s=30.0)  # the prefill's 8 blocks failed
+    while engine.has_unfinished:
+        engine.step()
+    assert connector.drain(timeout_s=30.0)
+    stats = connector.stats().publish
+    assert (stats.num_failed_blocks, stats.num_dropped_blocks) == (8, 1)
+    assert len(calls) == 1
+    connector.close()
+
+
 def test_pages_smaller_than_blocks_load_through_staging(store):
     prompt = _prompt(10)
     _publish(store.address, [prompt], page_tokens=4)
