@@ -95,6 +95,7 @@ class _Reservation:
     entries: dict[int, Entry]  # index in the reserve call -> reserved entry
     written: dict[int, int]  # index -> bytes written so far, in order
     expires_at: float
+    sums: dict[int, int] = field(default_factory=dict)  # index -> CRC32C the node computed
 
 
 @dataclass
@@ -323,18 +324,24 @@ class Store:
             entry = self._reserved_entry(self._reservation(reservation_id), reservation_id, index)
             return self._view(entry)
 
-    def mark_written(self, reservation_id: int, index: int) -> None:
-        """Records that reserved block `index` was written whole through its view."""
+    def mark_written(self, reservation_id: int, index: int, crc: int | None = None) -> None:
+        """Records that reserved block `index` was written whole through its view.
+
+        `crc`: the CRC32C of the slot, computed by this node once the write completed (a
+        transport that sums each block as it lands); `commit` then does not sum it again.
+        """
         with self._lock:
             res = self._reservation(reservation_id)
             res.written[index] = self._reserved_entry(res, reservation_id, index).nbytes
+            if crc is not None:
+                res.sums[index] = crc
 
     def commit(self, reservation_id: int, checksums: Sequence[int] | None = None) -> int:
         """Makes every block of the reservation readable; returns how many it committed.
 
         Args:
             reservation_id: from `reserve`.
-            checksums: optional CRC32 per key of the reserve call, as the sender computed
+            checksums: optional CRC32C per key of the reserve call, as the sender computed
                 it. On any mismatch the reservation is aborted and ChecksumMismatchError
                 raised: altered or short bytes are never committed.
         """
@@ -348,7 +355,7 @@ class Store:
                 )
             views = {i: self._view(e) for i, e in res.entries.items()}
         # Outside the lock (the checksum releases the GIL): the slots are this reservation's.
-        crcs = {i: checksum(view) for i, view in views.items()}
+        crcs = {i: res.sums[i] if i in res.sums else checksum(v) for i, v in views.items()}
         with self._lock:
             if self._reservations.get(reservation_id) is not res:
                 raise errors.UnknownReservationError(f"reservation {reservation_id} expired")

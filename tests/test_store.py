@@ -356,3 +356,25 @@ def test_transport_writes_in_place_through_reservation_views():
     assert store.read(NS.id, keys) == [_payload(k) for k in keys]
     with pytest.raises(errors.UnknownReservationError):
         store.reservation_view(res.reservation_id, 0)
+
+
+def test_checksums_a_transport_computed_on_arrival_are_what_commit_compares():
+    store = _make_store()
+    keys = _chain(2)
+    sent = [checksum(_payload(k)) for k in keys]
+    res = store.reserve(NS.id, keys)
+    for i, key in enumerate(keys):
+        store.reservation_view(res.reservation_id, i)[:] = _payload(key)
+        # The node's own sum of block 1 says its slot holds other bytes than were sent.
+        store.mark_written(res.reservation_id, i, sent[i] if i == 0 else sent[i] ^ 1)
+    with pytest.raises(errors.ChecksumMismatchError, match=r"blocks \[1\]"):
+        store.commit(res.reservation_id, sent)
+    assert store.match(NS.id, keys).num_matched == 0
+    res = store.reserve(NS.id, keys)
+    for i, key in enumerate(keys):
+        store.reservation_view(res.reservation_id, i)[:] = _payload(key)
+        store.mark_written(res.reservation_id, i, sent[i])
+    assert store.commit(res.reservation_id, sent) == 2
+    assert store.stats().checksum_failures == 0
+    store.check_integrity()  # the committed blocks carry the sums, and they hold
+    assert store.read(NS.id, keys) == [_payload(k) for k in keys]
