@@ -124,8 +124,11 @@ class BlockPublisher:
                 self._lock.notify_all()
 
     def _is_cut(self, parent: bytes | None) -> bool:
-        """Whether `parent` ends a cut chain (forgotten once asked: a chain has one tail)."""
-        return parent is not None and self._cut.pop(parent, 0) is None
+        """Whether `parent` is the last block of a cut chain (any branch from it is cut)."""
+        if parent is None or parent not in self._cut:
+            return False
+        self._cut.move_to_end(parent)
+        return True
 
     def _mark_cut(self, key: bytes) -> None:
         self._cut[key] = None

@@ -264,6 +264,33 @@ def test_a_chain_cut_by_a_drop_is_not_continued(store):
         assert client.stats().num_blocks == 2  # no orphan of block 9
 
 
+def test_every_branch_from_a_cut_chain_is_dropped(store):
+    connector = _connector(store.address, publish_buffers=1)
+    Engine(_engine_config(), connector)  # binds the connector: namespace, staging shape
+    real_put_chain, unblock = connector._client.put_chain, threading.Event()
+
+    def slow_put_chain(*args, **kwargs):  # type: ignore[no-untyped-def]
+        unblock.wait(timeout=30)
+        return real_put_chain(*args, **kwargs)
+
+    connector._client.put_chain = slow_put_chain  # type: ignore[method-assign]
+    publisher = connector._publisher
+    assert publisher is not None
+    chain = block_keys(connector.namespace, _prompt(13, 4 * BLOCK))
+
+    def fill(i: int, out: torch.Tensor) -> None:
+        out.fill_(i)
+
+    assert publisher.offer(chain[:2], fill, None) == 1  # one buffer: block 1 is dropped
+    unblock.set()
+    assert connector.drain(timeout_s=30.0)
+    assert publisher.offer(chain[2:3], fill, chain[1]) == 0  # continues the dropped block
+    assert publisher.offer(chain[3:4], fill, chain[1]) == 0  # another branch from it
+    stats = publisher.stats()
+    assert (stats.num_published_blocks, stats.num_dropped_blocks) == (1, 3)
+    connector.close()
+
+
 def test_a_chain_whose_put_failed_is_not_continued(store):
     prompt = _prompt(12)
     connector = _connector(store.address)
