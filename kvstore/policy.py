@@ -137,17 +137,20 @@ class Prefix2QPolicy(EvictionPolicy):
 
     Three lists, every candidate a chain tail so prefixes stay reachable:
 
-    - probation, oldest first: blocks used once (inserted, never hit since). Among them the
+    - probation, oldest first: blocks used once (inserted, never hit since), and blocks
+      that overflowed protected (a second chance). Victims come from here. Among them the
       *dead ends* go first: leaves that no request has extended or read, typically a
       prompt's last block, whose next request rarely shares it.
     - protected, least recent first: blocks hit at least once, or inserted again soon after
-      they were evicted from probation (the ghost list remembers those keys, not bytes).
+      they were evicted from probation (the ghost list remembers those keys, not bytes). It
+      holds at most `1 - PROBATION_FRACTION` of the blocks; its least recent block beyond
+      that moves to the young end of probation, as in segmented LRU, so a reused block
+      that went cold still outlives the blocks used once before it.
     - ghost: keys evicted from probation, the most recent `GHOST_FACTOR * len(self)`.
 
-    While probation holds over `PROBATION_FRACTION` of the blocks it gives the victims,
-    otherwise protected does. So a burst of blocks used once (a scan of new prompts) cannot
-    flush blocks that proved reusable, and a block whose reuse came after its eviction is
-    admitted straight to protected the next time. Dead ends are not worth a demotion.
+    So a burst of blocks used once (a scan of new prompts) cannot flush blocks that proved
+    reusable, and a block whose reuse came after its eviction is admitted straight to
+    protected the next time. Dead ends are not worth a demotion.
     """
 
     PROBATION_FRACTION = 0.25
@@ -170,6 +173,7 @@ class Prefix2QPolicy(EvictionPolicy):
         if parent is not None:
             self._dead_ends.pop(parent, None)
             self._refresh(parent)  # the parent after its child, so the tail goes first
+        self._balance()
 
     def touch(self, keys: Sequence[bytes]) -> None:
         for key in reversed(keys):  # tail first: the root ends up the most recent
@@ -178,6 +182,7 @@ class Prefix2QPolicy(EvictionPolicy):
                 self._protected[key] = None
             elif key in self._protected:
                 self._protected.move_to_end(key)
+        self._balance()
 
     def remove(self, key: bytes) -> None:
         if key not in self._chains:
@@ -192,10 +197,7 @@ class Prefix2QPolicy(EvictionPolicy):
 
     def candidates(self) -> Iterator[bytes]:
         yield from self._dead_ends
-        first, second = self._probation, self._protected
-        if len(self._probation) <= self.PROBATION_FRACTION * len(self):
-            first, second = second, first
-        for segment in (first, second):
+        for segment in (self._probation, self._protected):
             yield from (k for k in segment if self._is_candidate(k))
 
     def should_demote(self, key: bytes) -> bool:
@@ -207,6 +209,12 @@ class Prefix2QPolicy(EvictionPolicy):
 
     def _is_candidate(self, key: bytes) -> bool:
         return key not in self._dead_ends and self._chains.is_tail(key)  # dead ends went first
+
+    def _balance(self) -> None:
+        """Moves protected's least recent blocks beyond its share to probation's young end."""
+        while len(self._protected) > (1 - self.PROBATION_FRACTION) * len(self):
+            key, _ = self._protected.popitem(last=False)
+            self._probation[key] = None
 
     def _refresh(self, key: bytes) -> None:
         for segment in (self._probation, self._protected):

@@ -71,3 +71,22 @@ def test_ghost_list_is_bounded_and_remove_is_idempotent() -> None:
     policy.insert(bytes([8]), None)  # still remembered: protected
     policy.insert(bytes([0]), None)  # forgotten: probation, a dead end
     assert list(policy.candidates()) == [bytes([9]), bytes([0]), bytes([8])]
+
+
+def test_protected_overflow_gets_a_second_chance_on_probation() -> None:
+    policy = Prefix2QPolicy()
+    policy.insert(b"f", None)
+    policy.insert(b"g", b"f")
+    policy.remove(b"g")  # f: on probation, a tail, not a dead end (it was extended)
+    for key in (b"a", b"b", b"c", b"d"):
+        policy.insert(key, None)
+    policy.touch([b"a"])
+    policy.touch([b"b"])
+    policy.touch([b"c"])
+    assert list(policy.candidates()) == [b"d", b"f", b"a", b"b", b"c"]  # 3 of 5 protected
+    policy.touch([b"d"])  # 4 of 5 protected is over 75%: the least recent, a, goes back
+    assert list(policy._probation) == [b"f", b"a"]  # to probation's young end
+    # Victims come from probation, oldest first: a outlives f, used once before it.
+    assert list(policy.candidates()) == [b"f", b"a", b"b", b"c", b"d"]
+    policy.touch([b"a"])  # a hit on probation protects again; b overflows in turn
+    assert list(policy.candidates()) == [b"f", b"b", b"c", b"d", b"a"]
