@@ -22,8 +22,12 @@ class EvictionPolicy(ABC):
     """
 
     @abstractmethod
-    def insert(self, key: bytes, parent: bytes | None) -> None:
-        """Starts tracking `key`, whose chain predecessor is `parent` (None for a root)."""
+    def insert(self, key: bytes, parent: bytes | None, demoted: bool = False) -> None:
+        """Starts tracking `key`, whose chain predecessor is `parent` (None for a root).
+
+        `demoted`: the block comes from the tier above, which judged it worth keeping
+        (`should_demote`), so it is not new to the store.
+        """
 
     @abstractmethod
     def touch(self, keys: Sequence[bytes]) -> None:
@@ -55,7 +59,7 @@ class LRUPolicy(EvictionPolicy):
     def __init__(self) -> None:
         self._order: OrderedDict[bytes, None] = OrderedDict()  # oldest first
 
-    def insert(self, key: bytes, parent: bytes | None) -> None:
+    def insert(self, key: bytes, parent: bytes | None, demoted: bool = False) -> None:
         self._order[key] = None
         self._order.move_to_end(key)
 
@@ -75,25 +79,48 @@ class LRUPolicy(EvictionPolicy):
 
 
 class _Chains:
-    """Parent/child links among tracked keys; a key none of whose children is stored is a tail."""
+    """Parent/child links among tracked keys; a key none of whose children is stored is a tail.
+
+    Keys may arrive children first (a lower tier receives a chain's victims tail first): a
+    child whose parent is not tracked waits for it, and is linked when the parent arrives.
+    """
 
     def __init__(self) -> None:
         self._parent: dict[bytes, bytes] = {}
         self._children: dict[bytes, set[bytes]] = {}
+        self._awaited: dict[bytes, set[bytes]] = {}  # untracked parent -> tracked children
+        self._awaits: dict[bytes, bytes] = {}  # tracked child -> its untracked parent
 
     def link(self, key: bytes, parent: bytes | None) -> None:
         self._children.setdefault(key, set())
         if parent is not None and parent in self._children:
             self._parent[key] = parent
             self._children[parent].add(key)
+        elif parent is not None:
+            self._wait(key, parent)
+        for child in self._awaited.pop(key, ()):
+            del self._awaits[child]
+            self._parent[child] = key
+            self._children[key].add(child)
 
     def unlink(self, key: bytes) -> None:
-        # Children of a removed key are unreachable by prefix; they become roots here.
+        # Children of a removed key are unreachable by prefix; they become roots here, and
+        # wait for the key in case it comes back.
         for child in self._children.pop(key):
             del self._parent[child]
+            self._wait(child, key)
         parent = self._parent.pop(key, None)
         if parent is not None:
             self._children[parent].discard(key)
+        awaited = self._awaits.pop(key, None)
+        if awaited is not None:
+            self._awaited[awaited].discard(key)
+            if not self._awaited[awaited]:
+                del self._awaited[awaited]
+
+    def _wait(self, child: bytes, parent: bytes) -> None:
+        self._awaits[child] = parent
+        self._awaited.setdefault(parent, set()).add(child)
 
     def __contains__(self, key: bytes) -> bool:
         return key in self._children
@@ -114,8 +141,8 @@ class PrefixLRUPolicy(LRUPolicy):
         super().__init__()
         self._chains = _Chains()
 
-    def insert(self, key: bytes, parent: bytes | None) -> None:
-        super().insert(key, parent)
+    def insert(self, key: bytes, parent: bytes | None, demoted: bool = False) -> None:
+        super().insert(key, parent, demoted)
         self._chains.link(key, parent)
         if parent is not None and parent in self._chains:
             self.touch([parent])
@@ -140,7 +167,8 @@ class Prefix2QPolicy(EvictionPolicy):
     - probation, oldest first: blocks used once (inserted, never hit since), and blocks
       that overflowed protected (a second chance). Victims come from here. Among them the
       *dead ends* go first: leaves that no request has extended or read, typically a
-      prompt's last block, whose next request rarely shares it.
+      prompt's last block, whose next request rarely shares it. Only the tier a block is
+      born in can tell: a demoted block is never a dead end in the tier below.
     - protected, least recent first: blocks hit at least once, or inserted again soon after
       they were evicted from probation (the ghost list remembers those keys, not bytes). It
       holds at most `1 - PROBATION_FRACTION` of the blocks; its least recent block beyond
@@ -163,17 +191,17 @@ class Prefix2QPolicy(EvictionPolicy):
         self._ghost: OrderedDict[bytes, None] = OrderedDict()  # oldest first
         self._chains = _Chains()
 
-    def insert(self, key: bytes, parent: bytes | None) -> None:
+    def insert(self, key: bytes, parent: bytes | None, demoted: bool = False) -> None:
         self._chains.link(key, parent)
         if self._ghost.pop(key, 0) is None:
             self._protected[key] = None
         else:
             self._probation[key] = None
-            self._dead_ends[key] = None
+            if not demoted and self._chains.is_tail(key):
+                self._dead_ends[key] = None
         if parent is not None:
             self._dead_ends.pop(parent, None)
             self._refresh(parent)  # the parent after its child, so the tail goes first
-        self._balance()
 
     def touch(self, keys: Sequence[bytes]) -> None:
         for key in reversed(keys):  # tail first: the root ends up the most recent
@@ -182,7 +210,6 @@ class Prefix2QPolicy(EvictionPolicy):
                 self._protected[key] = None
             elif key in self._protected:
                 self._protected.move_to_end(key)
-        self._balance()
 
     def remove(self, key: bytes) -> None:
         if key not in self._chains:
@@ -196,6 +223,7 @@ class Prefix2QPolicy(EvictionPolicy):
                 self._ghost.popitem(last=False)
 
     def candidates(self) -> Iterator[bytes]:
+        self._balance()  # only once victims are wanted: a store still filling up keeps all
         yield from self._dead_ends
         for segment in (self._probation, self._protected):
             yield from (k for k in segment if self._is_candidate(k))

@@ -312,7 +312,7 @@ class Tiering:
             entry.on_ssd = True
             if entry.slot is not None:
                 self._redundant[entry.key] = entry
-            self.ssd_policy.insert(entry.key, entry.parent)
+            self.ssd_policy.insert(entry.key, entry.parent, demoted=True)
             if entry.num_hits:  # reused in DRAM: the SSD policy hears of it too
                 self.ssd_policy.touch([entry.key])
             self.counters.tiers["ssd"].bytes_written += entry.nbytes
@@ -396,7 +396,7 @@ class Tiering:
             entry = Entry(key, h.namespace_id, h.parent, h.nbytes, None, BlockState.COMMITTED)
             entry.checksum, entry.on_ssd, entry.seq = h.checksum, True, h.seq
             self.index.add(entry)
-            self.ssd_policy.insert(key, h.parent)
+            self.ssd_policy.insert(key, h.parent, demoted=True)
         self._seq = good[-1][1].seq if good else 0
         if bad:
             self.ssd.write([], delete=bad)

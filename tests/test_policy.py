@@ -38,6 +38,10 @@ def _check_integrity(policy: EvictionPolicy) -> None:
             assert child in chains._children[parent]
         for parent, children in chains._children.items():
             assert all(chains._parent[c] == parent for c in children)
+        for child, parent in chains._awaits.items():
+            assert child in chains._awaited[parent] and child in chains._children
+            assert parent not in chains._children and child not in chains._parent
+        assert sum(map(len, chains._awaited.values())) == len(chains._awaits)
         assert candidates == [k for k in policy._order if not chains._children[k]]
 
 
@@ -127,14 +131,20 @@ def test_prefix_lru_insert_of_child_touches_parent() -> None:
     assert _candidates(policy) == [b"x", b"c"]
 
 
-def test_prefix_lru_unknown_parent_makes_a_root() -> None:
+def test_prefix_lru_child_before_parent_is_linked_when_the_parent_arrives() -> None:
     policy = _make_policy("prefix-lru")
+    policy.insert(b"c", b"b")  # a lower tier gets a chain's victims tail first
     policy.insert(b"b", b"a")
     _check_integrity(policy)
-    assert _candidates(policy) == [b"b"]
-    policy.insert(b"a", None)  # arrives later: b stays a root, both are leaves
+    assert _candidates(policy) == [b"c"]  # b adopted c: not a tail
+    policy.insert(b"a", None)
     _check_integrity(policy)
-    assert _candidates(policy) == [b"b", b"a"]
+    assert _candidates(policy) == [b"c"]
+    for key, then in ((b"c", [b"b"]), (b"b", [b"a"]), (b"a", [])):
+        policy.remove(key)
+        _check_integrity(policy)
+        assert _candidates(policy) == then
+    assert policy._chains._awaited == {}  # nothing waits for a key that left
 
 
 def test_prefix_lru_branching_chain_offers_each_leaf() -> None:
@@ -184,10 +194,10 @@ def test_prefix_lru_reinsert_removed_middle_key() -> None:
     policy.insert(b"b", b"a")
     _check_integrity(policy)
     assert len(policy) == 3
-    assert _candidates(policy) == [b"c", b"b"]  # c stays a root; b is a's leaf again
-    policy.remove(b"b")
+    assert _candidates(policy) == [b"c"]  # b is back, and c is reachable through it again
+    policy.remove(b"c")
     _check_integrity(policy)
-    assert _candidates(policy) == [b"c", b"a"]
+    assert _candidates(policy) == [b"b"]
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))

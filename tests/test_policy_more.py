@@ -84,9 +84,20 @@ def test_protected_overflow_gets_a_second_chance_on_probation() -> None:
     policy.touch([b"b"])
     policy.touch([b"c"])
     assert list(policy.candidates()) == [b"d", b"f", b"a", b"b", b"c"]  # 3 of 5 protected
-    policy.touch([b"d"])  # 4 of 5 protected is over 75%: the least recent, a, goes back
-    assert list(policy._probation) == [b"f", b"a"]  # to probation's young end
-    # Victims come from probation, oldest first: a outlives f, used once before it.
+    policy.touch([b"d"])  # 4 of 5 protected is over 75%
+    assert list(policy._probation) == [b"f"]  # moves wait until victims are wanted
+    # The least recent, a, goes back to probation's young end, where victims come from,
+    # oldest first: a outlives f, used once before it.
     assert list(policy.candidates()) == [b"f", b"a", b"b", b"c", b"d"]
+    assert list(policy._probation) == [b"f", b"a"]
     policy.touch([b"a"])  # a hit on probation protects again; b overflows in turn
     assert list(policy.candidates()) == [b"f", b"b", b"c", b"d", b"a"]
+
+
+def test_a_demoted_block_is_never_a_dead_end() -> None:
+    policy = Prefix2QPolicy()
+    policy.insert(b"c", b"b", demoted=True)  # chain victims arrive tail first
+    policy.insert(b"b", b"a", demoted=True)
+    policy.insert(b"x", None)  # born here, never extended: a dead end
+    assert list(policy._dead_ends) == [b"x"]
+    assert list(policy.candidates()) == [b"x", b"c"]  # then probation, oldest tail first

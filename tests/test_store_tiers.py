@@ -193,3 +193,23 @@ def test_a_block_reused_in_dram_stays_protected_on_ssd(tmp_path):
         assert store.match(NS.id, unread).num_matched == 0
         assert store.read(NS.id, reused) == [_payload(k) for k in reused]
         store.check_integrity()
+
+
+def test_a_chain_demoted_tail_first_keeps_its_links_on_ssd(tmp_path):
+    """The SSD policy gets a chain's blocks tail first, and still sees one chain."""
+    with _make_store(
+        tmp_path / "ssd",
+        dram_blocks=4,
+        ssd_blocks=8,
+        policy="prefix-2q",
+        ssd_policy="prefix-2q",
+        dram_high_watermark=1.0,
+        dram_low_watermark=1.0,
+    ) as store:
+        chain = _chain(4, seed=1)
+        _put(store, chain)
+        _put(store, _chain(4, seed=2))  # the last block, a dead end, is dropped; 3 demoted
+        assert store.match(NS.id, chain).tiers == ("ssd", "ssd", "ssd")
+        ssd_policy = store._tiering.ssd_policy
+        assert list(ssd_policy.candidates()) == [chain[2]]  # its tail only, no dead ends
+        assert ssd_policy._chains._parent == {chain[1]: chain[0], chain[2]: chain[1]}
