@@ -20,6 +20,7 @@ class Entry:
 
     A committed block lives in DRAM (`slot`), on SSD (`on_ssd`) or both: SSD keeps its copy
     when a block is promoted, so evicting a block that is on SSD from DRAM costs no write.
+    A DRAM block may also have a device copy in HBM (`hbm_slot`).
     """
 
     key: bytes
@@ -35,10 +36,14 @@ class Entry:
     stale_slot: Slot | None = None  # left DRAM while leased: freed when the last lease ends
     is_demoting: bool = False  # being written to SSD outside the lock; out of the DRAM policy
     num_hits: int = 0  # reads since commit, in any tier
+    hbm_slot: Slot | None = None  # device copy of the DRAM block (HBM is inclusive of DRAM)
+    stale_hbm_slot: Slot | None = None  # device copy dropped while leased
 
     @property
     def tier(self) -> str:
         """The fastest tier holding the block."""
+        if self.hbm_slot is not None:
+            return "hbm"
         return "dram" if self.slot is not None else "ssd"
 
     @property

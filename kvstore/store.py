@@ -7,12 +7,14 @@ Time comes from the injected `clock`, so tests move it instead of sleeping.
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvstore import errors
 from kvstore.checksum import checksum
@@ -29,6 +31,7 @@ from kvstore.results import (
 )
 from kvstore.tiering import Tiering
 from tiers.dram import DEFAULT_SLAB_BYTES
+from tiers.hbm import is_cuda_available
 
 log = logging.getLogger("kvstore.store")
 Clock = Callable[[], float]
@@ -51,6 +54,10 @@ class StoreConfig:
     verify_reads: bool = option(
         False, "also check DRAM blocks' checksums on every read (SSD reads always are)"
     )
+    hbm_bytes: int = option(
+        0, "HBM tier capacity (device copies of blocks read over UCX); 0: none", parse_bytes
+    )
+    hbm_device: str = option("cuda", "torch device of the HBM tier")
     ssd_path: str = option("", "directory of the SSD tier (LMDB); empty: no SSD tier")
     ssd_bytes: int = option(0, "SSD tier capacity", parse_bytes)
     ssd_policy: str = option("prefix-lru", "eviction policy of the SSD tier")
@@ -76,6 +83,12 @@ class StoreConfig:
             raise errors.InvalidArgumentError("timeouts must be positive")
         if self.ssd_policy not in POLICIES:
             raise errors.InvalidArgumentError(f"unknown ssd_policy {self.ssd_policy!r}")
+        if self.hbm_bytes < 0:
+            raise errors.InvalidArgumentError(f"hbm_bytes must be >= 0, got {self.hbm_bytes}")
+        if self.hbm_bytes and importlib.util.find_spec("torch") is None:
+            raise errors.InvalidArgumentError("an HBM tier (hbm_bytes) needs torch")
+        if self.hbm_bytes and self.hbm_device.startswith("cuda") and not is_cuda_available():
+            raise errors.InvalidArgumentError("an HBM tier (hbm_bytes) needs torch with CUDA")
         if self.ssd_path and self.ssd_bytes <= 0:
             raise errors.InvalidArgumentError("an SSD tier (ssd_path) needs ssd_bytes > 0")
         for tier in ("dram", "ssd"):
@@ -119,11 +132,12 @@ class _Counters:
 class Lease:
     """Read access to committed blocks, valid until `Store.release` or expiry.
 
-    `views[i]` is None where `keys[i]` missed. A view must not be used after release.
+    `views[i]` is None where `keys[i]` missed: a `memoryview` of host memory, or, for a
+    device reader, a device tensor. A view must not be used after release.
     """
 
     lease_id: int
-    views: tuple[memoryview | None, ...]
+    views: tuple[Any, ...]
     expires_at: float
 
     @property
@@ -213,10 +227,12 @@ class Store:
             hits = self._index.match(namespace_id, keys)
             return MatchResult(len(hits), tuple(e.tier for e in hits))
 
-    def acquire(self, namespace_id: bytes, keys: Sequence[bytes]) -> Lease:
+    def acquire(self, namespace_id: bytes, keys: Sequence[bytes], device: bool = False) -> Lease:
         """Leases the committed blocks among `keys` for reading; misses get no view.
 
-        A block whose checksum fails is removed and reported as a miss.
+        A block whose checksum fails is removed and reported as a miss. `device`: the
+        reader takes device memory, so blocks with a device copy (HBM) are served from it,
+        and the others read from DRAM get one for next time.
         """
         with self._lock:
             self.expire()
@@ -225,16 +241,18 @@ class Store:
             for entry in entries:  # pinned first: promoting one must not evict another
                 if entry is not None:
                     entry.num_leases += 1
-            views: list[memoryview | None] = []
+            views: list[Any] = []
             hits = []
             for entry in entries:
-                view = None if entry is None else self._tiering.load(entry)
+                view = None if entry is None else self._tiering.load(entry, device)
                 if entry is not None and view is None:
                     self._tiering.end_lease(entry)  # failed its checksum: now dropped
                 elif entry is not None:
                     hits.append(entry)
                 views.append(view)
             self._tiering.touch(hits)
+            if device:
+                self._tiering.copy_up(hits, [v for v in views if v is not None])
             self._counters.hits += len(hits)
             self._counters.misses += len(keys) - len(hits)
             self._counters.bytes_read += sum(e.nbytes for e in hits)
@@ -445,6 +463,12 @@ class Store:
             assert t.dram.stats().num_slots == slots, "DRAM slots and entries disagree"
             if t.ssd is not None:
                 assert t.ssd.stats().num_slots == len(t.ssd_policy), "SSD records and entries"
+            if t.hbm is not None:
+                on_hbm = [e for e in self._index if e.hbm_slot is not None]
+                assert all(e.slot is not None for e in on_hbm), "HBM holds a block DRAM lost"
+                assert len(on_hbm) == len(t.hbm) == len(t.hbm.policy), "HBM policy and entries"
+                stale_hbm = {id(e) for e in leased if e.stale_hbm_slot is not None}
+                assert t.hbm.tier.stats().num_slots == len(on_hbm) + len(stale_hbm), "HBM slots"
             both = {e.key for e in committed if e.slot is not None and e.on_ssd}
             assert set(t._redundant) == both, "redundant copies are mistracked"
             for entry in self._index:

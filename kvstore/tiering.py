@@ -13,6 +13,9 @@ transaction (by a background thread, or inline when `background_demotion` is off
 Each tier has its own policy instance. A block's reads follow it down: a block demoted after
 a hit in DRAM is recorded as reused by the SSD policy too, so a policy that protects reused
 blocks (prefix-2q) keeps protecting it there.
+
+With an HBM tier (`kvstore.hbm_cache`), blocks read by device readers also get a device copy,
+inclusive of DRAM: a block leaving DRAM leaves HBM with it.
 """
 
 from __future__ import annotations
@@ -21,15 +24,17 @@ import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvstore import errors
 from kvstore.checksum import checksum
+from kvstore.hbm_cache import HbmCache
 from kvstore.index import BlockIndex, BlockState, Entry
 from kvstore.policy import make_policy
 from kvstore.results import TierUsage
 from tiers.base import Record, RecordHeader, Slot
 from tiers.dram import DramTier
+from tiers.hbm import HbmTier
 from tiers.ssd import SsdTier
 
 if TYPE_CHECKING:
@@ -53,7 +58,11 @@ class TieringCounters:
     promotions: int = 0
     checksum_failures: int = 0
     tiers: dict[str, TierCounters] = field(
-        default_factory=lambda: {"dram": TierCounters(), "ssd": TierCounters()}
+        default_factory=lambda: {
+            "hbm": TierCounters(),
+            "dram": TierCounters(),
+            "ssd": TierCounters(),
+        }
     )
 
 
@@ -71,6 +80,15 @@ class Tiering:
         self.dram_policy = make_policy(config.policy)
         self.ssd_policy = make_policy(config.ssd_policy)
         self.counters = TieringCounters()
+        self.hbm = (
+            HbmCache(
+                HbmTier(config.hbm_bytes, config.slab_bytes, config.hbm_device),
+                make_policy(config.policy),
+                self.counters.tiers["hbm"],
+            )
+            if config.hbm_bytes
+            else None
+        )
         self._redundant: dict[bytes, Entry] = {}  # on SSD and in DRAM, oldest first
         self._seq = 0
         self._wake = threading.Condition(lock)
@@ -127,6 +145,8 @@ class Tiering:
 
     def _free_dram(self, entry: Entry) -> None:
         assert entry.slot is not None
+        if self.hbm is not None:
+            self.hbm.forget(entry)
         self._redundant.pop(entry.key, None)
         self.dram_policy.remove(entry.key)
         if entry.num_leases == 0:
@@ -156,13 +176,18 @@ class Tiering:
             entry.num_hits += 1
         self.dram_policy.touch([e.key for e in entries if e.slot is not None])
         self.ssd_policy.touch([e.key for e in entries if e.on_ssd])
+        if self.hbm is not None:
+            self.hbm.touch(entries)
 
-    def load(self, entry: Entry) -> memoryview | None:
-        """A DRAM view of a committed block, promoting it from SSD if needed.
+    def load(self, entry: Entry, device: bool = False) -> Any | None:
+        """A view of a committed block: its device copy when `device` asks for one and it
+        has one, else a DRAM view, promoting it from SSD if needed.
 
         Returns None, after dropping the block, when its bytes fail their checksum.
         """
-        counters = self.counters.tiers[entry.tier]
+        if device and self.hbm is not None and (view := self.hbm.view(entry)) is not None:
+            return view
+        counters = self.counters.tiers["dram" if entry.slot is not None else "ssd"]
         view = self._dram_view(entry) if entry.slot is not None else self._promote(entry)
         if view is None:
             return None
@@ -223,6 +248,19 @@ class Tiering:
         if entry.num_leases == 0 and entry.stale_slot is not None:
             self.dram.free(entry.stale_slot)
             entry.stale_slot = None
+        if self.hbm is not None:
+            self.hbm.end_lease(entry)
+
+    def copy_up(self, entries: Sequence[Entry], views: Sequence[Any]) -> None:
+        """Gives the blocks just read from DRAM by a device reader a device copy in HBM."""
+        if self.hbm is None:
+            return
+        from_dram = [
+            (e, v)
+            for e, v in zip(entries, views, strict=True)
+            if isinstance(v, memoryview) and e.slot is not None  # not a private SSD read
+        ]
+        self.hbm.admit([e for e, _ in from_dram], [v for _, v in from_dram])
 
     # -- demotion ------------------------------------------------------------------------
 
@@ -413,7 +451,9 @@ class Tiering:
             self.ssd.close()
 
     def usage(self) -> tuple[TierUsage, ...]:
-        tiers = [self.dram] if self.ssd is None else [self.dram, self.ssd]
+        tiers: list[Any] = [self.dram] if self.ssd is None else [self.dram, self.ssd]
+        if self.hbm is not None:
+            tiers.insert(0, self.hbm.tier)
         out = []
         for tier in tiers:
             st, c = tier.stats(), self.counters.tiers[tier.name]

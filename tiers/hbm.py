@@ -24,7 +24,9 @@ def is_cuda_available() -> bool:
 class HbmTier(SlabTier):
     """HBM tier with a fixed capacity in bytes on one CUDA device.
 
-    Raises RuntimeError when torch or CUDA is missing.
+    `device` is any torch device; "cpu" runs the same code on host memory, which is how
+    the tier is tested on machines without a GPU. Raises RuntimeError when `device` is a
+    CUDA device and torch or CUDA is missing.
     """
 
     name = "hbm"
@@ -32,7 +34,7 @@ class HbmTier(SlabTier):
     def __init__(
         self, capacity_bytes: int, slab_bytes: int = DEFAULT_SLAB_BYTES, device: str = "cuda"
     ) -> None:
-        if not is_cuda_available():
+        if device.startswith("cuda") and not is_cuda_available():
             raise RuntimeError("the HBM tier needs torch with CUDA")
         import torch
 
@@ -49,7 +51,9 @@ class HbmTier(SlabTier):
         return self._pool[slot.offset : slot.offset + slot.nbytes]
 
     def write_from(self, slot: Slot, src: Any) -> None:
-        """Copies a tensor's bytes (any dtype/device, contiguous) into the slot."""
+        """Copies a tensor's or a host buffer's bytes (contiguous) into the slot."""
+        if not isinstance(src, self._torch.Tensor):
+            src = self._torch.frombuffer(src, dtype=self._torch.uint8)
         self.view(slot).copy_(self._as_bytes(src), non_blocking=True)
 
     def read_into(self, slot: Slot, dest: Any) -> None:
@@ -58,7 +62,8 @@ class HbmTier(SlabTier):
 
     def synchronize(self) -> None:
         """Waits for every copy issued so far."""
-        self._torch.cuda.synchronize(self.device)
+        if self.device.type == "cuda":
+            self._torch.cuda.synchronize(self.device)
 
     def _as_bytes(self, tensor: Any) -> Any:
         if not tensor.is_contiguous():

@@ -3,8 +3,9 @@
 Per request (all tags from `frames.tag`):
 
     GET  client -> REQUEST; server leases, -> REPLY (found flags), -> BLOCK i per hit
-         straight from the slot; the lease ends when every send has completed (the client
-         has the bytes) or the transfer deadline passes.
+         straight from the slot (the block's device copy when the node has an HBM tier);
+         the lease ends when every send has completed (the client has the bytes) or the
+         transfer deadline passes.
     PUT  client -> REQUEST (keys, parents, checksums); server reserves, posts a receive into
          each reserved slot, -> REPLY (statuses); client -> BLOCK i; the server sums each
          slot as its block lands (so summing overlaps the rest of the transfer), compares
@@ -25,6 +26,7 @@ from kvstore import errors
 from kvstore.checksum import checksum
 from kvstore.dataplane import frames
 from kvstore.dataplane.base import DataPlaneServer
+from kvstore.dataplane.buffers import as_transfer_buffer
 from kvstore.dataplane.frames import Kind, Op, Reply, Request
 from kvstore.dataplane.runtime import UcxRuntime, with_deadline
 from kvstore.results import PutStatus
@@ -136,7 +138,7 @@ class UcxServer(DataPlaneServer):
     async def _get(self, client_id: int, ep: Any, req: Request) -> None:
         try:
             self._check_block_bytes(req)
-            lease = self.store.acquire(req.namespace_id, req.keys)
+            lease = self.store.acquire(req.namespace_id, req.keys, device=True)
         except errors.KVStoreError as exc:
             await self._reply(client_id, ep, req, Reply(error=exc), Kind.REPLY)
             return
@@ -150,7 +152,11 @@ class UcxServer(DataPlaneServer):
                 )
             ]
             sends += [
-                self._send(ep, view, frames.tag(Kind.BLOCK, client_id, req.request_id, i))
+                self._send(
+                    ep,
+                    view if isinstance(view, memoryview) else as_transfer_buffer(view, False).obj,
+                    frames.tag(Kind.BLOCK, client_id, req.request_id, i),
+                )
                 for i, view in enumerate(lease.views)
                 if view is not None
             ]

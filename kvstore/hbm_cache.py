@@ -1,0 +1,98 @@
+"""The HBM tier of a node: device copies of DRAM blocks, for readers of device memory.
+
+HBM is inclusive of DRAM. A block read by a reader that takes device memory (the UCX data
+plane, whose transports move device memory: CUDA IPC on one host, GPUDirect across hosts)
+is copied up into HBM after that read, evicting by the HBM tier's own policy, and keeps
+its DRAM slot. Its next such reads are served from the device copy, with no host hop.
+Dropping a device copy therefore costs nothing, and a block that leaves DRAM leaves HBM
+too, so HBM never holds the only copy of a block.
+
+Checksums are checked where the bytes come from (the DRAM copy, when `verify_reads` is on,
+before the copy up); device memory is not summed again on reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from kvstore.index import Entry
+from kvstore.policy import EvictionPolicy
+from tiers.hbm import HbmTier
+
+if TYPE_CHECKING:
+    from kvstore.tiering import TierCounters
+
+
+class HbmCache:
+    """Device copies of DRAM blocks; every method runs under the store's lock."""
+
+    def __init__(self, tier: HbmTier, policy: EvictionPolicy, counters: TierCounters) -> None:
+        self.tier = tier
+        self.policy = policy
+        self.counters = counters
+        self._entries: dict[bytes, Entry] = {}  # blocks with a device copy
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def view(self, entry: Entry) -> Any | None:
+        """The device copy of a block, or None when it has none."""
+        if entry.hbm_slot is None:
+            return None
+        self.counters.hits += 1
+        self.counters.bytes_read += entry.nbytes
+        return self.tier.view(entry.hbm_slot)
+
+    def admit(self, entries: Sequence[Entry], host_views: Sequence[memoryview]) -> int:
+        """Copies up the blocks that have no device copy yet, in chain order, evicting by
+        policy; stops at the first that finds HBM full of leased blocks. Returns how many
+        were copied."""
+        num_copied = 0
+        for entry, view in zip(entries, host_views, strict=True):
+            if entry.hbm_slot is not None:
+                continue
+            slot = self.tier.allocate(entry.nbytes)
+            while slot is None and self._evict_one():
+                slot = self.tier.allocate(entry.nbytes)
+            if slot is None:
+                break
+            self.tier.write_from(slot, view)
+            entry.hbm_slot = slot
+            self._entries[entry.key] = entry
+            self.policy.insert(entry.key, entry.parent)
+            self.counters.bytes_written += entry.nbytes
+            num_copied += 1
+        if num_copied:
+            self.tier.synchronize()  # a sender may read the copies as soon as the lock goes
+        return num_copied
+
+    def touch(self, entries: Sequence[Entry]) -> None:
+        self.policy.touch([e.key for e in entries if e.hbm_slot is not None])
+
+    def forget(self, entry: Entry) -> None:
+        """Drops a block's device copy (the block is leaving DRAM); a leased copy is freed
+        when its last lease ends."""
+        if entry.hbm_slot is None:
+            return
+        del self._entries[entry.key]
+        self.policy.remove(entry.key)
+        if entry.num_leases == 0:
+            self.tier.free(entry.hbm_slot)
+        else:
+            entry.stale_hbm_slot = entry.hbm_slot
+        entry.hbm_slot = None
+
+    def end_lease(self, entry: Entry) -> None:
+        """Called after a lease count drops; frees a copy dropped while it was leased."""
+        if entry.num_leases == 0 and entry.stale_hbm_slot is not None:
+            self.tier.free(entry.stale_hbm_slot)
+            entry.stale_hbm_slot = None
+
+    def _evict_one(self) -> bool:
+        for key in self.policy.candidates():
+            entry = self._entries[key]
+            if entry.num_leases == 0:
+                self.forget(entry)
+                return True
+        return False
