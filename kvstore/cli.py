@@ -16,7 +16,7 @@ from kvstore.client import Client
 from kvstore.demo import DemoConfig, run_demo
 from kvstore.errors import KVStoreError
 from kvstore.server import EmbeddedServer, ServerConfig, serve
-from kvstore.store import StoreConfig
+from kvstore.store_config import StoreConfig
 
 LOG_FORMAT = "ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s"
 

@@ -38,7 +38,7 @@ from tiers.hbm import HbmTier
 from tiers.ssd import SsdTier
 
 if TYPE_CHECKING:
-    from kvstore.store import StoreConfig
+    from kvstore.store_config import StoreConfig
 
 log = logging.getLogger("kvstore.tiering")
 
