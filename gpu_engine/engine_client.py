@@ -14,7 +14,7 @@ from gpu_engine.runner import EngineLoad
 from gpu_engine.sampling import SamplingParams
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
-from kvstore.client import _raise
+from kvstore.client_common import raise_rpc_error
 from kvstore.errors import UnavailableError
 
 
@@ -95,7 +95,7 @@ class EngineClient:
         try:
             msg = self._stub.Load(pb.LoadRequest(), timeout=self.timeout_s)
         except grpc.RpcError as err:
-            _raise(err)
+            raise_rpc_error(err)
         return EngineLoad(**{name: getattr(msg, name) for name in EngineLoad._fields})
 
     def _stream(
@@ -112,7 +112,7 @@ class EngineClient:
         try:
             yield from self._stub.Generate(request, timeout=self.timeout_s)
         except grpc.RpcError as err:
-            _raise(err)
+            raise_rpc_error(err)
 
 
 def _result(

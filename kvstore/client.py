@@ -1,9 +1,8 @@
-"""Python clients of a store node: `Client` (blocking) and `AsyncClient` (asyncio).
+"""The blocking Python client of a store node (`AsyncClient` is its asyncio twin).
 
-Both speak the same gRPC service, put a timeout on every call and raise the typed errors
-of `kvstore.errors`. `Client.get_into` and `Client.put` move bytes over the UCX data plane
-when both ends have it (`transport="auto"`), straight into and out of the caller's arrays;
-otherwise, and in `AsyncClient`, bytes travel over the portable gRPC path.
+Every call has a timeout and raises the typed errors of `kvstore.errors`. `get_into` and
+`put` move bytes over the UCX data plane when both ends have it (`transport="auto"`),
+straight into and out of the caller's arrays; otherwise over the portable gRPC path.
 
 Example:
     >>> ns = Namespace("llama-3-8b", KVLayout("float16", 32, 8, 128, 16))
@@ -18,126 +17,35 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Sequence
-from typing import Any, NamedTuple, NoReturn
+from typing import Any
 
 import grpc
-import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvstore import errors, wire
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.client_common import (
+    DEFAULT_CHUNK_BYTES,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_TIMEOUT_S,
+    TRANSPORT_CHOICES,
+    Buffer,
+    GetAssembler,
+    GetResult,
+    as_bytes_view,
+    blocks_to_write,
+    check_blocks,
+    copy_into,
+    put_result,
+    raise_rpc_error,
+)
 from kvstore.dataplane import TRANSPORTS, DataPlaneClient, is_available
 from kvstore.dataplane.buffers import as_transfer_buffer
 from kvstore.keys import Namespace
-from kvstore.results import (
-    MatchResult,
-    NamespaceInfo,
-    PutResult,
-    PutStatus,
-    ReserveResult,
-    StoreStats,
-)
+from kvstore.results import MatchResult, NamespaceInfo, PutResult, ReserveResult, StoreStats
 
-DEFAULT_TIMEOUT_S = 30.0
-DEFAULT_CHUNK_BYTES = 1 << 20
-DEFAULT_MAX_MESSAGE_BYTES = 8 << 20
-TRANSPORT_CHOICES = ("auto", "ucx", "grpc")
-
-Buffer = bytes | bytearray | memoryview | np.ndarray
-
-
-class GetResult(NamedTuple):
-    """Blocks in key order; None where a key missed."""
-
-    blocks: tuple[bytearray | None, ...]
-
-    @property
-    def found(self) -> tuple[bool, ...]:
-        return tuple(b is not None for b in self.blocks)
-
-    @property
-    def num_found(self) -> int:
-        return sum(self.found)
-
-
-def _raise(err: grpc.RpcError) -> NoReturn:
-    code = err.code()  # type: ignore[attr-defined]
-    metadata = err.trailing_metadata() or ()  # type: ignore[attr-defined]
-    name = next((v for k, v in metadata if k == errors.ERROR_METADATA_KEY), None)
-    cls = errors.error_class(name, code.name)
-    raise cls(f"{code.name}: {err.details()}") from err  # type: ignore[attr-defined]
-
-
-def _as_bytes_view(buf: Buffer) -> memoryview:
-    """A flat byte view of a host block (numpy, torch, bytes, bytearray), no copy."""
-    target = as_transfer_buffer(buf, writable=False)
-    if target.is_device:
-        raise errors.InvalidArgumentError("the gRPC path sends host blocks only; use UCX")
-    return target.obj
-
-
-def _blocks_to_write(
-    reserved: ReserveResult, blocks: Sequence[Buffer]
-) -> list[tuple[int, memoryview]]:
-    return [
-        (i, _as_bytes_view(blocks[i]))
-        for i, status in enumerate(reserved.statuses)
-        if status is PutStatus.RESERVED
-    ]
-
-
-def _put_result(reserved: ReserveResult) -> PutResult:
-    statuses = reserved.statuses
-    return PutResult(
-        num_stored=reserved.num_reserved,
-        num_present=statuses.count(PutStatus.PRESENT),
-        num_in_flight=statuses.count(PutStatus.IN_FLIGHT),
-    )
-
-
-def _check_blocks(keys: Sequence[bytes], blocks: Sequence[Buffer]) -> None:
-    if len(keys) != len(blocks):
-        raise errors.InvalidArgumentError(f"{len(blocks)} blocks for {len(keys)} keys")
-
-
-def _copy_into(result: GetResult, buffers: Sequence[Any]) -> tuple[bool, ...]:
-    """The gRPC path's fallback for `get_into`: one copy from each received block."""
-    for block, buf in zip(result.blocks, buffers, strict=True):
-        if block is None:
-            continue
-        target = as_transfer_buffer(buf, writable=True)
-        if target.nbytes != len(block):
-            raise errors.PayloadSizeError(
-                f"buffer of {target.nbytes} bytes for a {len(block)}-byte block"
-            )
-        if target.is_device:
-            import cupy  # device buffers on the gRPC path need the `gpu` extra
-
-            cupy.asarray(buf).view(cupy.uint8).ravel().set(np.frombuffer(block, np.uint8))
-        else:
-            target.obj[:] = block
-    return result.found
-
-
-class _GetAssembler:
-    """Rebuilds blocks from a Get stream: a header, then chunks in any block order."""
-
-    def __init__(self) -> None:
-        self.blocks: list[bytearray | None] = []
-
-    def feed(self, msg: pb.GetResponse) -> None:
-        if msg.HasField("header"):
-            size = msg.header.block_bytes
-            self.blocks = [bytearray(size) if f else None for f in msg.header.found]
-            return
-        chunk = msg.chunk
-        block = self.blocks[chunk.index]
-        assert block is not None, "chunk for a block the header reported missing"
-        block[chunk.offset : chunk.offset + len(chunk.data)] = chunk.data
-
-    def result(self) -> GetResult:
-        return GetResult(tuple(self.blocks))
+__all__ = ["TRANSPORT_CHOICES", "Client", "GetResult"]
 
 
 class Client:
@@ -193,7 +101,7 @@ class Client:
         try:
             return method(request, timeout=self.timeout_s)
         except grpc.RpcError as err:
-            _raise(err)
+            raise_rpc_error(err)
 
     # -- data plane ----------------------------------------------------------------------
 
@@ -229,10 +137,10 @@ class Client:
         """Reads the committed blocks of `keys` straight into `buffers` (one per key, each
         exactly the namespace's block size: numpy arrays, torch tensors, cupy arrays,
         bytearrays). Returns which keys were found; a miss leaves its buffer untouched."""
-        _check_blocks(keys, buffers)
+        check_blocks(keys, buffers)
         dataplane = self.data_plane() if keys else None
         if dataplane is None:
-            return _copy_into(self.get(namespace_id, keys), buffers)
+            return copy_into(self.get(namespace_id, keys), buffers)
         block_bytes = as_transfer_buffer(buffers[0], writable=True).nbytes
         return dataplane.get_into(namespace_id, keys, buffers, block_bytes)
 
@@ -272,7 +180,7 @@ class Client:
 
     def write(self, reservation_id: int, blocks: Sequence[tuple[int, Buffer]]) -> int:
         """Streams `(index, payload)` pairs into a reservation; returns bytes sent."""
-        views = [(i, _as_bytes_view(b)) for i, b in blocks]
+        views = [(i, as_bytes_view(b)) for i, b in blocks]
         chunks = wire.write_chunks(reservation_id, views, self.chunk_bytes)
         return self._call(self._stub.Write, chunks).bytes_written
 
@@ -293,20 +201,20 @@ class Client:
         """Stores `blocks` under `keys` (reserve, write, commit); keys already present
         are skipped. On failure the reservation is aborted and nothing becomes visible.
         Over the data plane each block carries a CRC32C the node checks before commit."""
-        _check_blocks(keys, blocks)
+        check_blocks(keys, blocks)
         dataplane = self.data_plane() if keys else None
         if dataplane is not None:
             block_bytes = as_transfer_buffer(blocks[0], writable=False).nbytes
-            return _put_result(dataplane.put(namespace_id, keys, blocks, parents, block_bytes))
+            return put_result(dataplane.put(namespace_id, keys, blocks, parents, block_bytes))
         reserved = self.reserve(namespace_id, keys, parents)
         if reserved.num_reserved:
             try:
-                self.write(reserved.reservation_id, _blocks_to_write(reserved, blocks))
+                self.write(reserved.reservation_id, blocks_to_write(reserved, blocks))
                 self.commit(reserved.reservation_id)
             except BaseException:
                 self._abort_quietly(reserved.reservation_id)
                 raise
-        return _put_result(reserved)
+        return put_result(reserved)
 
     def put_chain(
         self,
@@ -320,13 +228,13 @@ class Client:
 
     def get(self, namespace_id: bytes, keys: Sequence[bytes]) -> GetResult:
         """Committed blocks among `keys`; misses are None."""
-        assembler = _GetAssembler()
+        assembler = GetAssembler()
         request = pb.GetRequest(namespace_id=namespace_id, keys=keys)
         try:
             for msg in self._stub.Get(request, timeout=self.timeout_s):
                 assembler.feed(msg)
         except grpc.RpcError as err:
-            _raise(err)
+            raise_rpc_error(err)
         return assembler.result()
 
     def remove(self, namespace_id: bytes, keys: Sequence[bytes]) -> int:
@@ -340,125 +248,3 @@ class Client:
         # Expired or unreachable: the server frees it at the deadline anyway.
         with contextlib.suppress(errors.KVStoreError):
             self.abort(reservation_id)
-
-
-class AsyncClient:
-    """asyncio client with the same methods as `Client`, as coroutines."""
-
-    def __init__(
-        self,
-        address: str,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
-        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-    ) -> None:
-        self.address = address
-        self.timeout_s = timeout_s
-        self.chunk_bytes = chunk_bytes
-        options = [
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-        ]
-        self._channel = grpc.aio.insecure_channel(address, options=options)
-        self._stub = pb_grpc.KVStoreStub(self._channel)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
-
-    async def __aenter__(self) -> AsyncClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        await self._channel.close()
-
-    async def _call(self, method, request):  # type: ignore[no-untyped-def]
-        try:
-            return await method(request, timeout=self.timeout_s)
-        except grpc.RpcError as err:
-            _raise(err)
-
-    async def health(self) -> bool:
-        request = health_pb2.HealthCheckRequest(service=wire.SERVICE_NAME)
-        response = await self._call(self._health.Check, request)
-        return response.status == health_pb2.HealthCheckResponse.SERVING
-
-    async def register_namespace(self, namespace: Namespace) -> NamespaceInfo:
-        request = pb.RegisterNamespaceRequest(namespace=wire.namespace_to_pb(namespace))
-        response = await self._call(self._stub.RegisterNamespace, request)
-        return NamespaceInfo(response.namespace_id, response.block_bytes)
-
-    async def match(self, namespace_id: bytes, keys: Sequence[bytes]) -> MatchResult:
-        request = pb.MatchRequest(namespace_id=namespace_id, keys=keys)
-        return wire.match_from_pb(await self._call(self._stub.Match, request))
-
-    async def reserve(
-        self,
-        namespace_id: bytes,
-        keys: Sequence[bytes],
-        parents: Sequence[bytes | None] | None = None,
-    ) -> ReserveResult:
-        request = pb.ReserveRequest(
-            namespace_id=namespace_id, keys=keys, parent_keys=wire.parents_to_pb(parents)
-        )
-        return wire.reserve_from_pb(await self._call(self._stub.Reserve, request))
-
-    async def write(self, reservation_id: int, blocks: Sequence[tuple[int, Buffer]]) -> int:
-        views = [(i, _as_bytes_view(b)) for i, b in blocks]
-        chunks = wire.write_chunks(reservation_id, views, self.chunk_bytes)
-        return (await self._call(self._stub.Write, chunks)).bytes_written
-
-    async def commit(self, reservation_id: int) -> int:
-        request = pb.CommitRequest(reservation_id=reservation_id)
-        return (await self._call(self._stub.Commit, request)).num_committed
-
-    async def abort(self, reservation_id: int) -> None:
-        await self._call(self._stub.Abort, pb.AbortRequest(reservation_id=reservation_id))
-
-    async def put(
-        self,
-        namespace_id: bytes,
-        keys: Sequence[bytes],
-        blocks: Sequence[Buffer],
-        parents: Sequence[bytes | None] | None = None,
-    ) -> PutResult:
-        _check_blocks(keys, blocks)
-        reserved = await self.reserve(namespace_id, keys, parents)
-        if reserved.num_reserved:
-            try:
-                await self.write(reserved.reservation_id, _blocks_to_write(reserved, blocks))
-                await self.commit(reserved.reservation_id)
-            except BaseException:
-                await self._abort_quietly(reserved.reservation_id)
-                raise
-        return _put_result(reserved)
-
-    async def put_chain(
-        self,
-        namespace_id: bytes,
-        keys: Sequence[bytes],
-        blocks: Sequence[Buffer],
-        parent: bytes | None = None,
-    ) -> PutResult:
-        return await self.put(namespace_id, keys, blocks, [parent, *keys[:-1]])
-
-    async def get(self, namespace_id: bytes, keys: Sequence[bytes]) -> GetResult:
-        assembler = _GetAssembler()
-        request = pb.GetRequest(namespace_id=namespace_id, keys=keys)
-        try:
-            async for msg in self._stub.Get(request, timeout=self.timeout_s):
-                assembler.feed(msg)
-        except grpc.RpcError as err:
-            _raise(err)
-        return assembler.result()
-
-    async def remove(self, namespace_id: bytes, keys: Sequence[bytes]) -> int:
-        request = pb.RemoveRequest(namespace_id=namespace_id, keys=keys)
-        return (await self._call(self._stub.Remove, request)).num_removed
-
-    async def stats(self) -> StoreStats:
-        return wire.stats_from_pb(await self._call(self._stub.Stats, pb.StatsRequest()))
-
-    async def _abort_quietly(self, reservation_id: int) -> None:
-        with contextlib.suppress(errors.KVStoreError):
-            await self.abort(reservation_id)

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from kvstore import errors
-from kvstore.client import AsyncClient, Client
+from kvstore.async_client import AsyncClient
+from kvstore.client import Client
 from kvstore.keys import KVLayout, Namespace, block_keys
 from kvstore.results import PutStatus
 

@@ -7,6 +7,7 @@ transport. Implementations are chosen through `kvstore.dataplane.TRANSPORTS`.
 
 from __future__ import annotations
 
+import concurrent.futures
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
@@ -48,16 +49,38 @@ class DataPlaneClient(ABC):
     """
 
     @abstractmethod
-    def get_into(
+    def submit_get_into(
         self, namespace_id: bytes, keys: Sequence[bytes], buffers: Sequence[Any], block_bytes: int
-    ) -> tuple[bool, ...]:
-        """Receives each committed block of `keys` straight into `buffers[i]`.
+    ) -> concurrent.futures.Future[tuple[bool, ...]]:
+        """Receives each committed block of `keys` straight into `buffers[i]`, without
+        waiting: the future gives which keys were found, and calls can be pipelined.
 
-        Returns which keys were found; a missed key's buffer is left untouched. The store
-        holds a lease on the blocks until they have arrived.
+        A missed key's buffer is left untouched. The store holds a lease on the blocks
+        until they have arrived.
         """
 
     @abstractmethod
+    def submit_put(
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        blocks: Sequence[Any],
+        parents: Sequence[bytes | None] | None,
+        block_bytes: int,
+    ) -> concurrent.futures.Future[ReserveResult]:
+        """Reserves, sends the blocks to reserve into their slots, verifies and commits,
+        without waiting.
+
+        Keys already present or in flight are skipped (their statuses say so). On any
+        failure nothing of this call becomes visible.
+        """
+
+    def get_into(
+        self, namespace_id: bytes, keys: Sequence[bytes], buffers: Sequence[Any], block_bytes: int
+    ) -> tuple[bool, ...]:
+        """`submit_get_into`, waited for."""
+        return self.submit_get_into(namespace_id, keys, buffers, block_bytes).result()
+
     def put(
         self,
         namespace_id: bytes,
@@ -66,11 +89,8 @@ class DataPlaneClient(ABC):
         parents: Sequence[bytes | None] | None,
         block_bytes: int,
     ) -> ReserveResult:
-        """Reserves, sends the blocks to reserve into their slots, verifies and commits.
-
-        Keys already present or in flight are skipped (their statuses say so). On any
-        failure nothing of this call becomes visible.
-        """
+        """`submit_put`, waited for."""
+        return self.submit_put(namespace_id, keys, blocks, parents, block_bytes).result()
 
     @property
     @abstractmethod

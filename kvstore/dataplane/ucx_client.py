@@ -76,34 +76,28 @@ class UcxClient(DataPlaneClient):
 
     # -- calls ---------------------------------------------------------------------------
 
-    def get_into(
-        self, namespace_id: bytes, keys: Sequence[bytes], buffers: Sequence[Any], block_bytes: int
-    ) -> tuple[bool, ...]:
-        return self.submit_get_into(namespace_id, keys, buffers, block_bytes).result()
-
     def submit_get_into(
         self, namespace_id: bytes, keys: Sequence[bytes], buffers: Sequence[Any], block_bytes: int
     ) -> concurrent.futures.Future[tuple[bool, ...]]:
-        """`get_into` without waiting: returns a future, so batches can be pipelined."""
         bufs = self._checked_buffers(keys, buffers, block_bytes, writable=True)
         req = Request(Op.GET, next(self._ids), namespace_id, tuple(keys), block_bytes)
         return self._submit(self._get(req, bufs))
 
-    def put(
+    def submit_put(
         self,
         namespace_id: bytes,
         keys: Sequence[bytes],
         blocks: Sequence[Any],
         parents: Sequence[bytes | None] | None,
         block_bytes: int,
-    ) -> ReserveResult:
+    ) -> concurrent.futures.Future[ReserveResult]:
         bufs = self._checked_buffers(keys, blocks, block_bytes, writable=False)
         checksums = tuple(_checksum(b) for b in bufs)
         parents_t = tuple(parents) if parents is not None else None
         req = Request(
             Op.PUT, next(self._ids), namespace_id, tuple(keys), block_bytes, parents_t, checksums
         )
-        return self._submit(self._put(req, bufs)).result()
+        return self._submit(self._put(req, bufs))
 
     def _checked_buffers(
         self, keys: Sequence[bytes], buffers: Sequence[Any], block_bytes: int, writable: bool

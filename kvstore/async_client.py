@@ -1,0 +1,237 @@
+"""The asyncio client of a store node: `Client`'s methods as coroutines.
+
+Bytes take the same paths as in `Client`: the UCX data plane when both ends have it
+(`transport="auto"`), straight into and out of the caller's arrays, else gRPC. The UCX
+connection runs on its own thread and loop (`kvstore.dataplane`), so transfers never
+block the caller's event loop, and many can be in flight at once.
+
+Example:
+    >>> async with AsyncClient("127.0.0.1:50051") as client:
+    ...     await client.register_namespace(ns)
+    ...     found = await client.get_into(ns.id, keys, buffers)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from kvstore import errors, wire
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.client_common import (
+    DEFAULT_CHUNK_BYTES,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_TIMEOUT_S,
+    TRANSPORT_CHOICES,
+    Buffer,
+    GetAssembler,
+    GetResult,
+    as_bytes_view,
+    blocks_to_write,
+    check_blocks,
+    copy_into,
+    put_result,
+    raise_rpc_error,
+)
+from kvstore.dataplane import TRANSPORTS, DataPlaneClient, is_available
+from kvstore.dataplane.buffers import as_transfer_buffer
+from kvstore.keys import Namespace
+from kvstore.results import MatchResult, NamespaceInfo, PutResult, ReserveResult, StoreStats
+
+
+class AsyncClient:
+    """asyncio client with the same methods and arguments as `Client`, as coroutines."""
+
+    def __init__(
+        self,
+        address: str,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        transport: str = "auto",
+    ) -> None:
+        if transport not in TRANSPORT_CHOICES:
+            raise errors.InvalidArgumentError(f"transport must be one of {TRANSPORT_CHOICES}")
+        self.address = address
+        self.timeout_s = timeout_s
+        self.chunk_bytes = chunk_bytes
+        self.transport = transport
+        self._dataplane: DataPlaneClient | None = None
+        self._dataplane_lock = asyncio.Lock()
+        options = [
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ]
+        self._channel = grpc.aio.insecure_channel(address, options=options)
+        self._stub = pb_grpc.KVStoreStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        async with self._dataplane_lock:
+            if self._dataplane is not None:
+                await asyncio.to_thread(self._dataplane.close)
+                self._dataplane = None
+        await self._channel.close()
+
+    async def _call(self, method, request):  # type: ignore[no-untyped-def]
+        try:
+            return await method(request, timeout=self.timeout_s)
+        except grpc.RpcError as err:
+            raise_rpc_error(err)
+
+    # -- data plane ----------------------------------------------------------------------
+
+    async def _handshake(self, client_address: bytes) -> tuple[bytes, int]:
+        request = pb.DataPlaneInfoRequest(transport="ucx", client_address=client_address)
+        response = await self._call(self._stub.DataPlaneInfo, request)
+        return response.server_address, response.client_id
+
+    async def data_plane(self) -> DataPlaneClient | None:
+        """The UCX connection `get_into`/`put` use, made on first use; None means gRPC.
+
+        With transport "ucx" raises UnavailableError where "auto" falls back to gRPC.
+        """
+        if self.transport == "grpc":
+            return None
+        async with self._dataplane_lock:
+            if self._dataplane is not None and self._dataplane.is_open:
+                return self._dataplane
+            loop = asyncio.get_running_loop()
+
+            def handshake(client_address: bytes) -> tuple[bytes, int]:
+                # Called on a worker thread while this loop is free to run the call.
+                call = self._handshake(client_address)
+                return asyncio.run_coroutine_threadsafe(call, loop).result()
+
+            try:
+                if not is_available():
+                    raise errors.UnavailableError("ucxx is not installed here")
+                client = TRANSPORTS["ucx"].client
+                self._dataplane = await asyncio.to_thread(client, handshake, self.timeout_s)
+            except errors.UnavailableError:
+                if self.transport == "ucx":
+                    raise
+                self.transport = "grpc"  # remember: this peer has no data plane
+                return None
+            return self._dataplane
+
+    async def get_into(
+        self, namespace_id: bytes, keys: Sequence[bytes], buffers: Sequence[Any]
+    ) -> tuple[bool, ...]:
+        """`Client.get_into`: the committed blocks of `keys` straight into `buffers`."""
+        check_blocks(keys, buffers)
+        dataplane = await self.data_plane() if keys else None
+        if dataplane is None:
+            return copy_into(await self.get(namespace_id, keys), buffers)
+        block_bytes = as_transfer_buffer(buffers[0], writable=True).nbytes
+        future = dataplane.submit_get_into(namespace_id, keys, buffers, block_bytes)
+        return await asyncio.wrap_future(future)
+
+    # -- control plane -------------------------------------------------------------------
+
+    async def health(self) -> bool:
+        request = health_pb2.HealthCheckRequest(service=wire.SERVICE_NAME)
+        response = await self._call(self._health.Check, request)
+        return response.status == health_pb2.HealthCheckResponse.SERVING
+
+    async def register_namespace(self, namespace: Namespace) -> NamespaceInfo:
+        request = pb.RegisterNamespaceRequest(namespace=wire.namespace_to_pb(namespace))
+        response = await self._call(self._stub.RegisterNamespace, request)
+        return NamespaceInfo(response.namespace_id, response.block_bytes)
+
+    async def match(self, namespace_id: bytes, keys: Sequence[bytes]) -> MatchResult:
+        request = pb.MatchRequest(namespace_id=namespace_id, keys=keys)
+        return wire.match_from_pb(await self._call(self._stub.Match, request))
+
+    async def reserve(
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        parents: Sequence[bytes | None] | None = None,
+    ) -> ReserveResult:
+        request = pb.ReserveRequest(
+            namespace_id=namespace_id, keys=keys, parent_keys=wire.parents_to_pb(parents)
+        )
+        return wire.reserve_from_pb(await self._call(self._stub.Reserve, request))
+
+    async def write(self, reservation_id: int, blocks: Sequence[tuple[int, Buffer]]) -> int:
+        views = [(i, as_bytes_view(b)) for i, b in blocks]
+        chunks = wire.write_chunks(reservation_id, views, self.chunk_bytes)
+        return (await self._call(self._stub.Write, chunks)).bytes_written
+
+    async def commit(self, reservation_id: int) -> int:
+        request = pb.CommitRequest(reservation_id=reservation_id)
+        return (await self._call(self._stub.Commit, request)).num_committed
+
+    async def abort(self, reservation_id: int) -> None:
+        await self._call(self._stub.Abort, pb.AbortRequest(reservation_id=reservation_id))
+
+    async def put(
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        blocks: Sequence[Buffer],
+        parents: Sequence[bytes | None] | None = None,
+    ) -> PutResult:
+        """`Client.put`: over the data plane when there is one, else reserve, write, commit."""
+        check_blocks(keys, blocks)
+        dataplane = await self.data_plane() if keys else None
+        if dataplane is not None:
+            block_bytes = as_transfer_buffer(blocks[0], writable=False).nbytes
+            # Submitted from a worker thread: the blocks' checksums are summed there.
+            submit = dataplane.submit_put
+            future = await asyncio.to_thread(
+                submit, namespace_id, keys, blocks, parents, block_bytes
+            )
+            return put_result(await asyncio.wrap_future(future))
+        reserved = await self.reserve(namespace_id, keys, parents)
+        if reserved.num_reserved:
+            try:
+                await self.write(reserved.reservation_id, blocks_to_write(reserved, blocks))
+                await self.commit(reserved.reservation_id)
+            except BaseException:
+                await self._abort_quietly(reserved.reservation_id)
+                raise
+        return put_result(reserved)
+
+    async def put_chain(
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        blocks: Sequence[Buffer],
+        parent: bytes | None = None,
+    ) -> PutResult:
+        return await self.put(namespace_id, keys, blocks, [parent, *keys[:-1]])
+
+    async def get(self, namespace_id: bytes, keys: Sequence[bytes]) -> GetResult:
+        assembler = GetAssembler()
+        request = pb.GetRequest(namespace_id=namespace_id, keys=keys)
+        try:
+            async for msg in self._stub.Get(request, timeout=self.timeout_s):
+                assembler.feed(msg)
+        except grpc.RpcError as err:
+            raise_rpc_error(err)
+        return assembler.result()
+
+    async def remove(self, namespace_id: bytes, keys: Sequence[bytes]) -> int:
+        request = pb.RemoveRequest(namespace_id=namespace_id, keys=keys)
+        return (await self._call(self._stub.Remove, request)).num_removed
+
+    async def stats(self) -> StoreStats:
+        return wire.stats_from_pb(await self._call(self._stub.Stats, pb.StatsRequest()))
+
+    async def _abort_quietly(self, reservation_id: int) -> None:
+        with contextlib.suppress(errors.KVStoreError):
+            await self.abort(reservation_id)
