@@ -100,6 +100,9 @@ class UcxRuntime:
             # stop immediate instead of up to a second.
             self.ctx.worker.stop_request_notifier_thread()
             self.ctx.stop_notifier_thread()
+            # Once more, now that the thread is gone: if the wake-up landed between two of
+            # its waits, the next wait restarted the notifier.
+            self.ctx.worker.stop_request_notifier_thread()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=10.0)
         ctx, self.ctx = self.ctx, None
