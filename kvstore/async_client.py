@@ -130,14 +130,25 @@ class AsyncClient:
     async def get_into(
         self, namespace_id: bytes, keys: Sequence[bytes], buffers: Sequence[Any]
     ) -> tuple[bool, ...]:
-        """`Client.get_into`: the committed blocks of `keys` straight into `buffers`."""
+        """`Client.get_into`: the committed blocks of `keys` straight into `buffers`.
+
+        If the calling task is cancelled, the cancellation takes effect once the transfer
+        has stopped writing into `buffers` (at the latest, at the call's deadline), so the
+        caller may reuse them as soon as it sees the CancelledError.
+        """
         check_blocks(keys, buffers)
         dataplane = await self.data_plane() if keys else None
         if dataplane is None:
             return copy_into(await self.get(namespace_id, keys), buffers)
         block_bytes = as_transfer_buffer(buffers[0], writable=True).nbytes
-        future = dataplane.submit_get_into(namespace_id, keys, buffers, block_bytes)
-        return await asyncio.wrap_future(future)
+        transfer = asyncio.wrap_future(
+            dataplane.submit_get_into(namespace_id, keys, buffers, block_bytes)
+        )
+        try:
+            return await asyncio.shield(transfer)
+        except asyncio.CancelledError:
+            await asyncio.wait([transfer])  # blocks may still be landing in the buffers
+            raise
 
     # -- control plane -------------------------------------------------------------------
 

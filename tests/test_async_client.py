@@ -4,6 +4,7 @@ as the gRPC path, many transfers run at once, and typed errors come through."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -104,3 +105,31 @@ def test_typed_errors_and_transport_fallback(store_factory):
             return await client.data_plane() is None, stored + sum(found)
 
     assert asyncio.run(run()) == (True, 2)
+
+
+def test_a_cancelled_get_into_has_stopped_writing_when_it_returns(store):
+    big = Namespace("llama-async-big", KVLayout("float16", 32, 8, 128, 16))  # 2 MiB blocks
+    keys = block_keys(big, np.arange(16 * big.block_tokens))
+    rng = np.random.default_rng(5)
+    blocks = [rng.integers(0, 256, big.block_bytes, dtype=np.uint8) for _ in keys]
+
+    async def run() -> tuple[list[bytes], list[np.ndarray]]:
+        async with AsyncClient(store.address, timeout_s=10.0, transport="ucx") as client:
+            await client.register_namespace(big)
+            await client.put_chain(big.id, keys, blocks)
+            out = [np.zeros(big.block_bytes, np.uint8) for _ in keys]
+            start = time.perf_counter()
+            await client.get_into(big.id, keys, out)  # connected, and timed
+            full_s = time.perf_counter() - start
+            out = [np.zeros(big.block_bytes, np.uint8) for _ in keys]
+            get = asyncio.create_task(client.get_into(big.id, keys, out))
+            await asyncio.sleep(full_s / 3)  # the transfer is under way
+            get.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await get
+            seen = [o.tobytes() for o in out]
+            await asyncio.sleep(0.2)  # anything still landing would show now
+            return seen, out
+
+    seen, out = asyncio.run(run())
+    assert [o.tobytes() for o in out] == seen
