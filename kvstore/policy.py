@@ -128,6 +128,12 @@ class _Chains:
     def is_tail(self, key: bytes) -> bool:
         return not self._children[key]
 
+    def children(self, key: bytes) -> set[bytes]:
+        return self._children[key]
+
+    def parent(self, key: bytes) -> bytes | None:
+        return self._parent.get(key)
+
 
 class PrefixLRUPolicy(LRUPolicy):
     """LRU over chain tails only: a block is a candidate once none of its children is stored.
@@ -166,9 +172,11 @@ class Prefix2QPolicy(EvictionPolicy):
 
     - probation, oldest first: blocks used once (inserted, never hit since), and blocks
       that overflowed protected (a second chance). Victims come from here. Among them the
-      *dead ends* go first: leaves that no request has extended or read, typically a
-      prompt's last block, whose next request rarely shares it. Only the tier a block is
-      born in can tell: a demoted block is never a dead end in the tier below.
+      *near ends* go first: blocks no request has read that lie within `NEAR_END_BLOCKS`
+      of the end of their chain, whose blocks below are unread too. A prompt's last blocks
+      are where prompts diverge (the question after a shared document), so they are the
+      least likely to be asked for again; the closer to the end, the sooner they go, and a
+      chain's very end (distance 0, a *dead end*) is not worth a demotion.
     - protected, least recent first: blocks hit at least once, or inserted again soon after
       they were evicted from probation (the ghost list remembers those keys, not bytes). It
       holds at most `1 - PROBATION_FRACTION` of the blocks; its least recent block beyond
@@ -178,17 +186,21 @@ class Prefix2QPolicy(EvictionPolicy):
 
     So a burst of blocks used once (a scan of new prompts) cannot flush blocks that proved
     reusable, and a block whose reuse came after its eviction is admitted straight to
-    protected the next time. Dead ends are not worth a demotion.
+    protected the next time. A tier below sees a chain's blocks tail first; its near ends
+    are measured on the chain as that tier holds it.
     """
 
     PROBATION_FRACTION = 0.25
     GHOST_FACTOR = 2.0
+    NEAR_END_BLOCKS = 3
 
     def __init__(self) -> None:
         self._probation: OrderedDict[bytes, None] = OrderedDict()  # oldest first
-        self._dead_ends: OrderedDict[bytes, None] = OrderedDict()  # subset of probation
         self._protected: OrderedDict[bytes, None] = OrderedDict()  # least recent first
         self._ghost: OrderedDict[bytes, None] = OrderedDict()  # oldest first
+        # Near ends (a subset of probation) by distance to their chain's end, oldest first.
+        self._near_ends = [OrderedDict[bytes, None]() for _ in range(self.NEAR_END_BLOCKS)]
+        self._distance: dict[bytes, int] = {}  # near end -> its distance to the end
         self._chains = _Chains()
 
     def insert(self, key: bytes, parent: bytes | None, demoted: bool = False) -> None:
@@ -197,15 +209,16 @@ class Prefix2QPolicy(EvictionPolicy):
             self._protected[key] = None
         else:
             self._probation[key] = None
-            if not demoted and self._chains.is_tail(key):
-                self._dead_ends[key] = None
+            if not demoted:  # see the class docstring
+                self._distance[key] = -1  # unread; its distance comes from its children
+                self._update_near_end(key)
         if parent is not None:
-            self._dead_ends.pop(parent, None)
+            self._update_near_end(parent)
             self._refresh(parent)  # the parent after its child, so the tail goes first
 
     def touch(self, keys: Sequence[bytes]) -> None:
         for key in reversed(keys):  # tail first: the root ends up the most recent
-            self._dead_ends.pop(key, None)
+            self._forget_near_end(key)
             if self._probation.pop(key, 0) is None:
                 self._protected[key] = None
             elif key in self._protected:
@@ -215,7 +228,7 @@ class Prefix2QPolicy(EvictionPolicy):
         if key not in self._chains:
             return
         self._chains.unlink(key)
-        self._dead_ends.pop(key, None)
+        self._forget_near_end(key)
         self._protected.pop(key, None)
         if self._probation.pop(key, 0) is None:
             self._ghost[key] = None
@@ -224,19 +237,47 @@ class Prefix2QPolicy(EvictionPolicy):
 
     def candidates(self) -> Iterator[bytes]:
         self._balance()  # only once victims are wanted: a store still filling up keeps all
-        yield from self._dead_ends
+        for near_ends in self._near_ends:
+            yield from (k for k in near_ends if self._chains.is_tail(k))
         for segment in (self._probation, self._protected):
             yield from (k for k in segment if self._is_candidate(k))
 
     def should_demote(self, key: bytes) -> bool:
-        """Demotes every block but a dead end (a leaf never extended nor read)."""
-        return key not in self._dead_ends
+        """Demotes every block but a dead end (the unread end of a chain)."""
+        return self._distance.get(key) != 0
 
     def __len__(self) -> int:
         return len(self._probation) + len(self._protected)
 
     def _is_candidate(self, key: bytes) -> bool:
-        return key not in self._dead_ends and self._chains.is_tail(key)  # dead ends went first
+        return key not in self._distance and self._chains.is_tail(key)  # near ends went first
+
+    def _update_near_end(self, key: bytes | None) -> None:
+        """Re-derives the distance to the end of `key`, then of its ancestors, while it grows.
+
+        A near end's distance is 0 for a tail, else one more than its farthest child's; a
+        read child, or a distance of `NEAR_END_BLOCKS`, ends its being a near end. Distances
+        never shrink: evicting a block leaves its parent where it was.
+        """
+        while key is not None and key in self._distance:
+            below = [self._distance.get(child) for child in self._chains.children(key)]
+            distance = 0 if not below else -1 if None in below else 1 + max(below)  # type: ignore[type-var]
+            old = self._distance[key]
+            if distance < 0 or distance >= self.NEAR_END_BLOCKS:
+                self._forget_near_end(key)
+            elif distance > old:
+                if old >= 0:
+                    del self._near_ends[old][key]
+                self._distance[key] = distance
+                self._near_ends[distance][key] = None
+            else:
+                return
+            key = self._chains.parent(key)
+
+    def _forget_near_end(self, key: bytes) -> None:
+        distance = self._distance.pop(key, None)
+        if distance is not None and distance >= 0:
+            del self._near_ends[distance][key]
 
     def _balance(self) -> None:
         """Moves protected's least recent blocks beyond its share to probation's young end."""

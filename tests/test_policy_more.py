@@ -94,10 +94,50 @@ def test_protected_overflow_gets_a_second_chance_on_probation() -> None:
     assert list(policy.candidates()) == [b"f", b"b", b"c", b"d", b"a"]
 
 
-def test_a_demoted_block_is_never_a_dead_end() -> None:
+def test_a_demoted_block_is_never_a_near_end() -> None:
     policy = Prefix2QPolicy()
     policy.insert(b"c", b"b", demoted=True)  # chain victims arrive tail first
     policy.insert(b"b", b"a", demoted=True)
     policy.insert(b"x", None)  # born here, never extended: a dead end
-    assert list(policy._dead_ends) == [b"x"]
+    assert policy._distance == {b"x": 0}
     assert list(policy.candidates()) == [b"x", b"c"]  # then probation, oldest tail first
+
+
+def _unread_chain(policy: Prefix2QPolicy, keys: bytes) -> None:
+    for i, key in enumerate(keys):
+        policy.insert(bytes([key]), bytes([keys[i - 1]]) if i else None)
+
+
+def test_near_ends_go_first_the_closest_to_the_end_first() -> None:
+    policy = Prefix2QPolicy()
+    _unread_chain(policy, b"abcde")  # e, d, c: 0, 1 and 2 from the end; b and a are not near
+    _unread_chain(policy, b"xy")  # y, x: 0 and 1
+    assert policy._distance == {b"e": 0, b"d": 1, b"c": 2, b"y": 0, b"x": 1}
+    assert list(policy.candidates()) == [b"e", b"y"]
+    assert [policy.should_demote(bytes([k])) for k in b"abcde"] == [True, True, True, True, False]
+    policy.remove(b"e")
+    policy.remove(b"y")
+    assert list(policy.candidates()) == [b"d", b"x"]  # both 1 from the end: oldest first
+    policy.remove(b"x")
+    policy.remove(b"d")
+    assert list(policy.candidates()) == [b"c"]  # 2 from the end, before probation's b
+    policy.remove(b"c")
+    assert list(policy.candidates()) == [b"b"]
+    assert policy._distance == {}
+
+
+def test_a_read_ends_near_ends_and_distances_never_shrink() -> None:
+    policy = Prefix2QPolicy()
+    _unread_chain(policy, b"abc")
+    policy.touch([b"a", b"b"])  # read: protected, no longer near ends
+    assert policy._distance == {b"c": 0}
+    policy.remove(b"c")  # b is a tail again, but it was read: no dead end
+    policy.insert(b"c", b"b")  # back from the ghost list: protected
+    _unread_chain(policy, b"pq")
+    policy.remove(b"q")
+    assert policy._distance == {b"p": 1}  # still one from the end it had
+    policy.insert(b"r", b"p")  # a new unread child: p stays at 1
+    assert policy._distance == {b"p": 1, b"r": 0}
+    policy.remove(b"r")
+    policy.insert(b"r", b"p")  # back from the ghost list, as if read: p is no near end
+    assert policy._distance == {}
