@@ -165,18 +165,47 @@ class PrefixLRUPolicy(LRUPolicy):
         return (key for key in self._order if self._chains.is_tail(key))
 
 
+class _ReturnRates:
+    """How often unread blocks come back, by their distance to the end of their chain.
+
+    A block *comes back* when it is read, or inserted again while its key is in the ghost
+    list; it is *gone* when it was evicted and has not. Counts are halved after every
+    `len(policy)` outcomes (at least `MIN_WINDOW`), so the rates follow the workload.
+    """
+
+    MIN_WINDOW = 64
+
+    def __init__(self, num_distances: int) -> None:
+        self._back = [0.0] * num_distances
+        self._gone = [0.0] * num_distances
+        self._since_halving = 0
+
+    def record(self, distance: int, came_back: bool, halve_after: int) -> None:
+        (self._back if came_back else self._gone)[distance] += 1
+        self._since_halving += 1
+        if self._since_halving > max(halve_after, self.MIN_WINDOW):
+            self._since_halving = 0
+            self._back = [n / 2 for n in self._back]
+            self._gone = [n / 2 for n in self._gone]
+
+    def came_back_after_all(self, distance: int) -> None:
+        self._gone[distance] -= 1
+        self._back[distance] += 1
+
+    def rate(self, distance: int) -> float:
+        """The share that came back, with a uniform prior (0.5 before any outcome)."""
+        back, gone = self._back[distance], self._gone[distance]
+        return (back + 1) / (back + max(gone, 0.0) + 2)
+
+
 class Prefix2QPolicy(EvictionPolicy):
     """2Q over chain tails: a block earns protection by its second use.
 
     Three lists, every candidate a chain tail so prefixes stay reachable:
 
     - probation, oldest first: blocks used once (inserted, never hit since), and blocks
-      that overflowed protected (a second chance). Victims come from here. Among them the
-      *near ends* go first: blocks no request has read that lie within `NEAR_END_BLOCKS`
-      of the end of their chain, whose blocks below are unread too. A prompt's last blocks
-      are where prompts diverge (the question after a shared document), so they are the
-      least likely to be asked for again; the closer to the end, the sooner they go, and a
-      chain's very end (distance 0, a *dead end*) is not worth a demotion.
+      that overflowed protected (a second chance). Victims come from here, and among them
+      the *near ends* first (below).
     - protected, least recent first: blocks hit at least once, or inserted again soon after
       they were evicted from probation (the ghost list remembers those keys, not bytes). It
       holds at most `1 - PROBATION_FRACTION` of the blocks; its least recent block beyond
@@ -186,39 +215,60 @@ class Prefix2QPolicy(EvictionPolicy):
 
     So a burst of blocks used once (a scan of new prompts) cannot flush blocks that proved
     reusable, and a block whose reuse came after its eviction is admitted straight to
-    protected the next time. A tier below sees a chain's blocks tail first; its near ends
-    are measured on the chain as that tier holds it.
+    protected the next time.
+
+    Near ends. Prompts that share a prefix part where they diverge, so the last blocks of a
+    prompt are often its own: the question after a shared document, the partial block a
+    conversation's next turn rewrites. Whether they are depends on the workload: a chat
+    turn's next-to-last blocks are read by its next turn. So the policy measures it. Each
+    unread block has a distance to the end of its chain (0 for a tail; blocks below it
+    unread too), and the policy counts, per distance below `NEAR_END_BLOCKS` and for all
+    farther blocks together, how many unread blocks came back and how many were evicted
+    for good (`_ReturnRates`). A distance whose blocks come back less than
+    `NEAR_END_RETURN` times as often as farther ones makes its blocks near ends: they go
+    first, the closest to the end first, and a chain's very end (distance 0, a *dead end*)
+    is not worth a demotion. A tier below sees a chain's blocks tail first, from a tier
+    that judged them worth keeping, so demoted blocks are never near ends.
     """
 
     PROBATION_FRACTION = 0.25
     GHOST_FACTOR = 2.0
     NEAR_END_BLOCKS = 3
+    NEAR_END_RETURN = 0.75
 
     def __init__(self) -> None:
         self._probation: OrderedDict[bytes, None] = OrderedDict()  # oldest first
         self._protected: OrderedDict[bytes, None] = OrderedDict()  # least recent first
-        self._ghost: OrderedDict[bytes, None] = OrderedDict()  # oldest first
-        # Near ends (a subset of probation) by distance to their chain's end, oldest first.
+        # Oldest first; an unread block's distance when it was evicted, else None.
+        self._ghost: OrderedDict[bytes, int | None] = OrderedDict()
+        # Unread blocks (a subset of probation) -> distance to their chain's end, at most
+        # NEAR_END_BLOCKS ("farther"); and those nearer, by distance, oldest first.
+        self._distance: dict[bytes, int] = {}
         self._near_ends = [OrderedDict[bytes, None]() for _ in range(self.NEAR_END_BLOCKS)]
-        self._distance: dict[bytes, int] = {}  # near end -> its distance to the end
+        self._returns = _ReturnRates(self.NEAR_END_BLOCKS + 1)
         self._chains = _Chains()
 
     def insert(self, key: bytes, parent: bytes | None, demoted: bool = False) -> None:
         self._chains.link(key, parent)
-        if self._ghost.pop(key, 0) is None:
+        if key in self._ghost:
+            distance = self._ghost.pop(key)
+            if distance is not None:
+                self._returns.came_back_after_all(distance)
             self._protected[key] = None
         else:
             self._probation[key] = None
-            if not demoted:  # see the class docstring
+            if not demoted:
                 self._distance[key] = -1  # unread; its distance comes from its children
-                self._update_near_end(key)
+                self._update_distance(key)
         if parent is not None:
-            self._update_near_end(parent)
+            self._update_distance(parent)
             self._refresh(parent)  # the parent after its child, so the tail goes first
 
     def touch(self, keys: Sequence[bytes]) -> None:
         for key in reversed(keys):  # tail first: the root ends up the most recent
-            self._forget_near_end(key)
+            distance = self._forget_distance(key)
+            if distance is not None:
+                self._returns.record(distance, True, len(self))
             if self._probation.pop(key, 0) is None:
                 self._protected[key] = None
             elif key in self._protected:
@@ -228,56 +278,71 @@ class Prefix2QPolicy(EvictionPolicy):
         if key not in self._chains:
             return
         self._chains.unlink(key)
-        self._forget_near_end(key)
+        distance = self._forget_distance(key)
         self._protected.pop(key, None)
         if self._probation.pop(key, 0) is None:
-            self._ghost[key] = None
+            if distance is not None:
+                self._returns.record(distance, False, len(self))
+            self._ghost[key] = distance
             while len(self._ghost) > self.GHOST_FACTOR * len(self):
                 self._ghost.popitem(last=False)
 
     def candidates(self) -> Iterator[bytes]:
         self._balance()  # only once victims are wanted: a store still filling up keeps all
-        for near_ends in self._near_ends:
-            yield from (k for k in near_ends if self._chains.is_tail(k))
+        near = self.near_end_distances()
+        for distance in near:
+            yield from (k for k in self._near_ends[distance] if self._chains.is_tail(k))
         for segment in (self._probation, self._protected):
-            yield from (k for k in segment if self._is_candidate(k))
+            yield from (
+                k for k in segment if self._distance.get(k) not in near and self._chains.is_tail(k)
+            )
 
     def should_demote(self, key: bytes) -> bool:
-        """Demotes every block but a dead end (the unread end of a chain)."""
-        return self._distance.get(key) != 0
+        """Demotes every block but a dead end, while dead ends rarely come back."""
+        return self._distance.get(key) != 0 or 0 not in self.near_end_distances()
+
+    def near_end_distances(self) -> list[int]:
+        """Distances to a chain's end whose unread blocks now go first."""
+        farther = self._returns.rate(self.NEAR_END_BLOCKS)
+        return [
+            d
+            for d in range(self.NEAR_END_BLOCKS)
+            if self._returns.rate(d) < self.NEAR_END_RETURN * farther
+        ]
 
     def __len__(self) -> int:
         return len(self._probation) + len(self._protected)
 
-    def _is_candidate(self, key: bytes) -> bool:
-        return key not in self._distance and self._chains.is_tail(key)  # near ends went first
-
-    def _update_near_end(self, key: bytes | None) -> None:
+    def _update_distance(self, key: bytes | None) -> None:
         """Re-derives the distance to the end of `key`, then of its ancestors, while it grows.
 
-        A near end's distance is 0 for a tail, else one more than its farthest child's; a
-        read child, or a distance of `NEAR_END_BLOCKS`, ends its being a near end. Distances
-        never shrink: evicting a block leaves its parent where it was.
+        0 for a tail, else one more than the farthest child, capped at NEAR_END_BLOCKS; a
+        read child makes the block no longer unread-below, so it leaves the near ends
+        (counted as farther). Distances never shrink: evicting a block leaves its parent
+        where it was.
         """
         while key is not None and key in self._distance:
-            below = [self._distance.get(child) for child in self._chains.children(key)]
-            distance = 0 if not below else -1 if None in below else 1 + max(below)  # type: ignore[type-var]
-            old = self._distance[key]
-            if distance < 0 or distance >= self.NEAR_END_BLOCKS:
-                self._forget_near_end(key)
-            elif distance > old:
-                if old >= 0:
-                    del self._near_ends[old][key]
-                self._distance[key] = distance
-                self._near_ends[distance][key] = None
+            children = self._chains.children(key)
+            below = [self._distance[c] for c in children if c in self._distance]
+            if len(below) < len(children):  # a read child
+                distance = self.NEAR_END_BLOCKS
             else:
+                distance = min(1 + max(below, default=-1), self.NEAR_END_BLOCKS)
+            old = self._distance[key]
+            if distance <= old:
                 return
+            if 0 <= old < self.NEAR_END_BLOCKS:
+                del self._near_ends[old][key]
+            self._distance[key] = distance
+            if distance < self.NEAR_END_BLOCKS:
+                self._near_ends[distance][key] = None
             key = self._chains.parent(key)
 
-    def _forget_near_end(self, key: bytes) -> None:
+    def _forget_distance(self, key: bytes) -> int | None:
         distance = self._distance.pop(key, None)
-        if distance is not None and distance >= 0:
+        if distance is not None and 0 <= distance < self.NEAR_END_BLOCKS:
             del self._near_ends[distance][key]
+        return distance
 
     def _balance(self) -> None:
         """Moves protected's least recent blocks beyond its share to probation's young end."""

@@ -5,12 +5,21 @@ from __future__ import annotations
 from kvstore.policy import POLICIES, Prefix2QPolicy, make_policy
 
 
-def _chain(policy: Prefix2QPolicy) -> None:
-    """a -> b -> c, and a lone root d."""
-    policy.insert(b"a", None)
-    policy.insert(b"b", b"a")
-    policy.insert(b"c", b"b")
-    policy.insert(b"d", None)
+def _chain(policy: Prefix2QPolicy, keys: bytes) -> None:
+    """Inserts the one-byte keys of `keys` as one chain, root first, none of them read."""
+    for i, key in enumerate(keys):
+        policy.insert(bytes([key]), bytes([keys[i - 1]]) if i else None)
+
+
+def _keys(keys: bytes) -> list[bytes]:
+    return [bytes([key]) for key in keys]
+
+
+def _dead_ends_do_not_come_back(policy: Prefix2QPolicy) -> None:
+    """Teaches `policy` that dead ends are evicted for good: one is, and never returns."""
+    policy.insert(b"\xff", None)
+    policy.remove(b"\xff")
+    assert policy.near_end_distances() == [0]
 
 
 def test_prefix_2q_is_registered() -> None:
@@ -18,45 +27,101 @@ def test_prefix_2q_is_registered() -> None:
     assert isinstance(make_policy("prefix-2q"), Prefix2QPolicy)
 
 
-def test_dead_ends_go_first_and_are_not_demoted() -> None:
+def test_distances_to_the_end_of_unread_chains() -> None:
     policy = Prefix2QPolicy()
-    _chain(policy)
+    _chain(policy, b"abcde")
+    _chain(policy, b"xy")
+    # Capped at NEAR_END_BLOCKS = 3 ("farther").
+    assert policy._distance == dict(zip(_keys(b"edcbayx"), [0, 1, 2, 3, 3, 0, 1], strict=True))
+    policy.touch(_keys(b"xy"))  # read: no longer unread
+    assert b"x" not in policy._distance and b"y" not in policy._distance
+
+
+def test_without_evidence_probation_is_oldest_first() -> None:
+    policy = Prefix2QPolicy()
+    _chain(policy, b"abc")
+    _chain(policy, b"d")
+    assert policy.near_end_distances() == []
     assert list(policy.candidates()) == [b"c", b"d"]  # a and b have a stored child
-    assert [policy.should_demote(k) for k in (b"a", b"b", b"c", b"d")] == [True, True, False, False]
+    assert all(policy.should_demote(k) for k in _keys(b"abcd"))
+
+
+def test_dead_ends_that_do_not_come_back_go_first_and_are_not_demoted() -> None:
+    policy = Prefix2QPolicy()
+    _chain(policy, b"d")
+    _chain(policy, b"abc")
+    _dead_ends_do_not_come_back(policy)
+    assert list(policy.candidates()) == [b"d", b"c"]  # both dead ends, oldest first
+    assert [policy.should_demote(k) for k in _keys(b"abcd")] == [True, True, False, False]
+    _chain(policy, b"pqrs")  # s (0), r (1): only distance 0 goes first
+    assert list(policy.candidates()) == [b"d", b"c", b"s"]
+
+
+def test_near_ends_go_first_the_closest_to_the_end_first() -> None:
+    policy = Prefix2QPolicy()
+    _chain(policy, b"abcdef")
+    _chain(policy, b"xyz")
+    for key in b"fze":  # f, z (0), then e (1) are evicted and never come back
+        policy.remove(bytes([key]))
+    assert policy.near_end_distances() == [0, 1]
+    # y (1) first; then d, a tail now but 2 from the end it had (distances never shrink).
+    assert list(policy.candidates()) == [b"y", b"d"]
+    policy.remove(b"y")
+    policy.remove(b"d")
+    assert policy.near_end_distances() == [0, 1, 2]  # distance 2 is near now too
+    assert list(policy.candidates()) == [b"x", b"c"]
+    assert policy._distance == {b"a": 3, b"b": 3, b"c": 3, b"x": 2}
+
+
+def test_a_distance_whose_blocks_come_back_is_not_a_near_end() -> None:
+    policy = Prefix2QPolicy()
+    _dead_ends_do_not_come_back(policy)
+    _chain(policy, b"abc")
+    policy.remove(b"c")  # a dead end, gone...
+    policy.insert(b"c", b"b")  # ...back from the ghost list: dead ends do come back
+    assert policy.near_end_distances() == []
+    _chain(policy, b"xyz")
+    assert list(policy.candidates()) == [b"z", b"c"]  # oldest first: c is protected
+
+
+def test_old_evidence_fades_as_the_workload_changes() -> None:
+    policy = Prefix2QPolicy()
+    for i in range(200):  # 200 dead ends evicted for good
+        policy.insert(i.to_bytes(2), None)
+        policy.remove(i.to_bytes(2))
+    assert policy.near_end_distances() == [0]
+    for i in range(1000, 1060):  # then 60 dead ends read
+        policy.insert(i.to_bytes(2), None)
+        policy.touch([i.to_bytes(2)])
+    # 60 of 260 would keep dead ends first; halved every 64 outcomes, the 200 weigh less.
+    assert policy.near_end_distances() == []
 
 
 def test_a_hit_protects_and_a_tail_becomes_a_candidate_after_its_child_goes() -> None:
     policy = Prefix2QPolicy()
-    _chain(policy)
-    policy.touch([b"a", b"b"])  # a and b used twice: protected; c, d stay on probation
+    _chain(policy, b"abc")
+    _chain(policy, b"d")
+    policy.touch(_keys(b"ab"))  # a and b used twice: protected; c, d stay on probation
     assert list(policy.candidates()) == [b"c", b"d"]
     policy.remove(b"c")
-    # d (dead end) first; probation holds 1 of 3 blocks (> 25%), then protected: b, not a.
+    # probation holds d, 1 of 3 blocks (> 25%), then protected: b (a has a child).
     assert list(policy.candidates()) == [b"d", b"b"]
     assert len(policy) == 3
 
 
 def test_a_block_back_from_the_ghost_list_is_protected() -> None:
     policy = Prefix2QPolicy()
-    _chain(policy)
-    policy.touch([b"a", b"b"])
+    _chain(policy, b"abc")
+    _chain(policy, b"d")
+    policy.touch(_keys(b"ab"))
     policy.remove(b"c")  # from probation: remembered in the ghost list
     policy.insert(b"c", b"b")  # used again: protected, tail-first order a, c, b
     assert policy.should_demote(b"c")
-    # probation (d) is 1 of 4 blocks (<= 25%): protected gives victims first; a and b have
-    # children, d went first as a dead end.
+    # probation (d) is 1 of 4 blocks (<= 25%): it gives the first victim, then protected
+    # (a and b have children).
     assert list(policy.candidates()) == [b"d", b"c"]
     policy.remove(b"d")
     assert list(policy.candidates()) == [b"c"]
-
-
-def test_new_blocks_stay_on_probation_and_go_oldest_first() -> None:
-    policy = Prefix2QPolicy()
-    for key in (b"x", b"y", b"z"):
-        policy.insert(key, None)
-    policy.touch([b"x"])  # x: protected; y and z: dead ends
-    policy.insert(b"w", b"y")  # y is extended: no longer a dead end, and not a tail
-    assert list(policy.candidates()) == [b"z", b"w", b"x"]
 
 
 def test_ghost_list_is_bounded_and_remove_is_idempotent() -> None:
@@ -69,21 +134,21 @@ def test_ghost_list_is_bounded_and_remove_is_idempotent() -> None:
     assert len(policy) == 1
     assert len(policy._ghost) == 2  # GHOST_FACTOR * one tracked block
     policy.insert(bytes([8]), None)  # still remembered: protected
-    policy.insert(bytes([0]), None)  # forgotten: probation, a dead end
+    policy.insert(bytes([0]), None)  # forgotten: probation
     assert list(policy.candidates()) == [bytes([9]), bytes([0]), bytes([8])]
 
 
 def test_protected_overflow_gets_a_second_chance_on_probation() -> None:
     policy = Prefix2QPolicy()
-    policy.insert(b"f", None)
-    policy.insert(b"g", b"f")
-    policy.remove(b"g")  # f: on probation, a tail, not a dead end (it was extended)
-    for key in (b"a", b"b", b"c", b"d"):
-        policy.insert(key, None)
+    _chain(policy, b"fg")
+    policy.remove(b"g")  # f: on probation, a tail, 1 from the end (distances never shrink)
+    for key in b"abcd":
+        policy.insert(bytes([key]), None)
     policy.touch([b"a"])
     policy.touch([b"b"])
-    policy.touch([b"c"])
-    assert list(policy.candidates()) == [b"d", b"f", b"a", b"b", b"c"]  # 3 of 5 protected
+    policy.touch([b"c"])  # 3 of 4 dead ends came back: none goes first
+    assert policy.near_end_distances() == []
+    assert list(policy.candidates()) == [b"f", b"d", b"a", b"b", b"c"]  # 3 of 5 protected
     policy.touch([b"d"])  # 4 of 5 protected is over 75%
     assert list(policy._probation) == [b"f"]  # moves wait until victims are wanted
     # The least recent, a, goes back to probation's young end, where victims come from,
@@ -96,48 +161,9 @@ def test_protected_overflow_gets_a_second_chance_on_probation() -> None:
 
 def test_a_demoted_block_is_never_a_near_end() -> None:
     policy = Prefix2QPolicy()
+    _dead_ends_do_not_come_back(policy)
     policy.insert(b"c", b"b", demoted=True)  # chain victims arrive tail first
     policy.insert(b"b", b"a", demoted=True)
     policy.insert(b"x", None)  # born here, never extended: a dead end
     assert policy._distance == {b"x": 0}
     assert list(policy.candidates()) == [b"x", b"c"]  # then probation, oldest tail first
-
-
-def _unread_chain(policy: Prefix2QPolicy, keys: bytes) -> None:
-    for i, key in enumerate(keys):
-        policy.insert(bytes([key]), bytes([keys[i - 1]]) if i else None)
-
-
-def test_near_ends_go_first_the_closest_to_the_end_first() -> None:
-    policy = Prefix2QPolicy()
-    _unread_chain(policy, b"abcde")  # e, d, c: 0, 1 and 2 from the end; b and a are not near
-    _unread_chain(policy, b"xy")  # y, x: 0 and 1
-    assert policy._distance == {b"e": 0, b"d": 1, b"c": 2, b"y": 0, b"x": 1}
-    assert list(policy.candidates()) == [b"e", b"y"]
-    assert [policy.should_demote(bytes([k])) for k in b"abcde"] == [True, True, True, True, False]
-    policy.remove(b"e")
-    policy.remove(b"y")
-    assert list(policy.candidates()) == [b"d", b"x"]  # both 1 from the end: oldest first
-    policy.remove(b"x")
-    policy.remove(b"d")
-    assert list(policy.candidates()) == [b"c"]  # 2 from the end, before probation's b
-    policy.remove(b"c")
-    assert list(policy.candidates()) == [b"b"]
-    assert policy._distance == {}
-
-
-def test_a_read_ends_near_ends_and_distances_never_shrink() -> None:
-    policy = Prefix2QPolicy()
-    _unread_chain(policy, b"abc")
-    policy.touch([b"a", b"b"])  # read: protected, no longer near ends
-    assert policy._distance == {b"c": 0}
-    policy.remove(b"c")  # b is a tail again, but it was read: no dead end
-    policy.insert(b"c", b"b")  # back from the ghost list: protected
-    _unread_chain(policy, b"pq")
-    policy.remove(b"q")
-    assert policy._distance == {b"p": 1}  # still one from the end it had
-    policy.insert(b"r", b"p")  # a new unread child: p stays at 1
-    assert policy._distance == {b"p": 1, b"r": 0}
-    policy.remove(b"r")
-    policy.insert(b"r", b"p")  # back from the ghost list, as if read: p is no near end
-    assert policy._distance == {}

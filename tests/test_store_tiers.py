@@ -208,8 +208,8 @@ def test_a_chain_demoted_tail_first_keeps_its_links_on_ssd(tmp_path):
     ) as store:
         chain = _chain(4, seed=1)
         _put(store, chain)
-        _put(store, _chain(4, seed=2))  # the last block, a dead end, is dropped; 3 demoted
-        assert store.match(NS.id, chain).tiers == ("ssd", "ssd", "ssd")
+        _put(store, _chain(4, seed=2))  # all 4 demoted, tail first
+        assert store.match(NS.id, chain).tiers == ("ssd",) * 4
         ssd_policy = store._tiering.ssd_policy
-        assert list(ssd_policy.candidates()) == [chain[2]]  # its tail only, no dead ends
-        assert ssd_policy._chains._parent == {chain[1]: chain[0], chain[2]: chain[1]}
+        assert list(ssd_policy.candidates()) == [chain[3]]  # its tail only
+        assert ssd_policy._chains._parent == {chain[i + 1]: chain[i] for i in range(3)}
