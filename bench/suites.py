@@ -63,6 +63,12 @@ _SPECS = (
         can_plot=True,
     ),
     SuiteSpec(
+        "trace-gen",
+        "bench.trace_gen",
+        "write a synthetic Mooncake-format trace of a multi-turn workload (conversation or "
+        "agent) to check policies off the shared trace",
+    ),
+    SuiteSpec(
         "recovery",
         "bench.recovery",
         "restart recovery: index rebuild from an SSD tier of 100k blocks vs a bare LMDB scan",
