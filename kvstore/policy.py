@@ -11,6 +11,7 @@ from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from types import MappingProxyType
+from typing import NamedTuple
 
 
 class EvictionPolicy(ABC):
@@ -198,6 +199,45 @@ class _ReturnRates:
         return (back + 1) / (back + max(gone, 0.0) + 2)
 
 
+class _Ghost(NamedTuple):
+    distance: int | None  # an unread block's distance to its chain's end, else None
+    was_read: bool  # a second chance (read, then overflowed protected), not a new block
+    evicted_at: int  # the ghost list's eviction count when it was evicted
+
+
+class _GhostList:
+    """Keys evicted from probation, oldest first: ARC's two ghost lists in one.
+
+    Each entry says whether its block had been read (ARC's B2) or not (B1); `counts` gives
+    how many of each the list holds.
+    """
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[bytes, _Ghost] = OrderedDict()
+        self.counts = [0, 0]  # unread, read
+        self._evictions = 0
+
+    def add(self, key: bytes, distance: int | None, was_read: bool, limit: float) -> None:
+        """Remembers an evicted key, then forgets the oldest beyond `limit` entries."""
+        self._evictions += 1
+        self._entries[key] = _Ghost(distance, was_read, self._evictions)
+        self.counts[was_read] += 1
+        while len(self._entries) > limit:
+            _, ghost = self._entries.popitem(last=False)
+            self.counts[ghost.was_read] -= 1
+
+    def pop(self, key: bytes) -> tuple[_Ghost, int] | None:
+        """Forgets `key`; its entry and how many evictions came after it, if remembered."""
+        ghost = self._entries.pop(key, None)
+        if ghost is None:
+            return None
+        self.counts[ghost.was_read] -= 1
+        return ghost, self._evictions - ghost.evicted_at
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
 class Prefix2QPolicy(EvictionPolicy):
     """2Q over chain tails: a block earns protection by its second use.
 
@@ -207,15 +247,23 @@ class Prefix2QPolicy(EvictionPolicy):
       that overflowed protected (a second chance). Victims come from here, and among them
       the *near ends* first (below).
     - protected, least recent first: blocks hit at least once, or inserted again soon after
-      they were evicted from probation (the ghost list remembers those keys, not bytes). It
-      holds at most `1 - PROBATION_FRACTION` of the blocks; its least recent block beyond
-      that moves to the young end of probation, as in segmented LRU, so a reused block
-      that went cold still outlives the blocks used once before it.
+      they were evicted from probation (the ghost list remembers those keys, not bytes).
+      When it holds more than its share of the blocks, its least recent block moves to the
+      young end of probation, as in segmented LRU, so a reused block that went cold still
+      outlives the blocks used once before it.
     - ghost: keys evicted from probation, the most recent `GHOST_FACTOR * len(self)`.
 
     So a burst of blocks used once (a scan of new prompts) cannot flush blocks that proved
     reusable, and a block whose reuse came after its eviction is admitted straight to
     protected the next time.
+
+    The shares adapt as in ARC. Probation starts at `PROBATION_FRACTION` of the blocks. A
+    block evicted unread and asked for again within as many evictions as protected holds
+    would have hit with a longer probation, so probation grows by one block (more when
+    fewer such keys are remembered than read ones); a second chance asked for again within
+    as many evictions as probation holds would have hit with a larger protected, so
+    probation shrinks. Conversations, whose next turn comes a while later, want a long
+    probation; prompts over shared documents, reused at random, want protected large.
 
     Near ends. Prompts that share a prefix part where they diverge, so the last blocks of a
     prompt are often its own: the question after a shared document, the partial block a
@@ -232,15 +280,17 @@ class Prefix2QPolicy(EvictionPolicy):
     """
 
     PROBATION_FRACTION = 0.25
+    MIN_PROBATION, MAX_PROBATION = 0.05, 0.95
     GHOST_FACTOR = 2.0
     NEAR_END_BLOCKS = 3
     NEAR_END_RETURN = 0.75
 
     def __init__(self) -> None:
         self._probation: OrderedDict[bytes, None] = OrderedDict()  # oldest first
+        self._second_chances: set[bytes] = set()  # read blocks on probation
         self._protected: OrderedDict[bytes, None] = OrderedDict()  # least recent first
-        # Oldest first; an unread block's distance when it was evicted, else None.
-        self._ghost: OrderedDict[bytes, int | None] = OrderedDict()
+        self._probation_share = self.PROBATION_FRACTION
+        self._ghost = _GhostList()
         # Unread blocks (a subset of probation) -> distance to their chain's end, at most
         # NEAR_END_BLOCKS ("farther"); and those nearer, by distance, oldest first.
         self._distance: dict[bytes, int] = {}
@@ -250,10 +300,11 @@ class Prefix2QPolicy(EvictionPolicy):
 
     def insert(self, key: bytes, parent: bytes | None, demoted: bool = False) -> None:
         self._chains.link(key, parent)
-        if key in self._ghost:
-            distance = self._ghost.pop(key)
-            if distance is not None:
-                self._returns.came_back_after_all(distance)
+        if (remembered := self._ghost.pop(key)) is not None:
+            ghost, evictions_since = remembered
+            if ghost.distance is not None:
+                self._returns.came_back_after_all(ghost.distance)
+            self._adapt(ghost, evictions_since)
             self._protected[key] = None
         else:
             self._probation[key] = None
@@ -269,6 +320,7 @@ class Prefix2QPolicy(EvictionPolicy):
             distance = self._forget_distance(key)
             if distance is not None:
                 self._returns.record(distance, True, len(self))
+            self._second_chances.discard(key)
             if self._probation.pop(key, 0) is None:
                 self._protected[key] = None
             elif key in self._protected:
@@ -283,9 +335,9 @@ class Prefix2QPolicy(EvictionPolicy):
         if self._probation.pop(key, 0) is None:
             if distance is not None:
                 self._returns.record(distance, False, len(self))
-            self._ghost[key] = distance
-            while len(self._ghost) > self.GHOST_FACTOR * len(self):
-                self._ghost.popitem(last=False)
+            was_read = key in self._second_chances
+            self._second_chances.discard(key)
+            self._ghost.add(key, distance, was_read, self.GHOST_FACTOR * len(self))
 
     def candidates(self) -> Iterator[bytes]:
         self._balance()  # only once victims are wanted: a store still filling up keeps all
@@ -344,11 +396,24 @@ class Prefix2QPolicy(EvictionPolicy):
             del self._near_ends[distance][key]
         return distance
 
+    def _adapt(self, ghost: _Ghost, evictions_since: int) -> None:
+        """ARC's adaptation of the probation share, on a key back from the ghost list."""
+        unread, read = (max(n, 1) for n in self._ghost.counts)
+        step = 1 / max(len(self), 1)
+        if not ghost.was_read and evictions_since < len(self._protected):
+            share = self._probation_share + step * max(1, read / unread)
+        elif ghost.was_read and evictions_since < len(self._probation):
+            share = self._probation_share - step * max(1, unread / read)
+        else:
+            return  # back too late for any share to have kept it
+        self._probation_share = min(max(share, self.MIN_PROBATION), self.MAX_PROBATION)
+
     def _balance(self) -> None:
         """Moves protected's least recent blocks beyond its share to probation's young end."""
-        while len(self._protected) > (1 - self.PROBATION_FRACTION) * len(self):
+        while len(self._protected) > (1 - self._probation_share) * len(self):
             key, _ = self._protected.popitem(last=False)
             self._probation[key] = None
+            self._second_chances.add(key)
 
     def _refresh(self, key: bytes) -> None:
         for segment in (self._probation, self._protected):

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
+from bench.trace_file import hit_ratio
+from bench.trace_gen import generate
+from bench.trace_sim import simulate_lru, simulate_policy
 from kvstore.policy import POLICIES, Prefix2QPolicy, make_policy
 
 
@@ -167,3 +172,58 @@ def test_a_demoted_block_is_never_a_near_end() -> None:
     policy.insert(b"x", None)  # born here, never extended: a dead end
     assert policy._distance == {b"x": 0}
     assert list(policy.candidates()) == [b"x", b"c"]  # then probation, oldest tail first
+
+
+def _roots(policy: Prefix2QPolicy, keys: bytes) -> None:
+    for key in keys:
+        policy.insert(bytes([key]), None)
+
+
+def test_a_block_back_soon_after_its_eviction_unread_grows_probation() -> None:
+    policy = Prefix2QPolicy()
+    _roots(policy, b"abcd")
+    for key in _keys(b"abc"):
+        policy.touch([key])  # protected: a, b, c, least recent first
+    policy.remove(b"d")  # evicted unread...
+    policy.insert(b"d", None)  # ...and back before 3 (protected's size) more evictions
+    # One block of three more for probation (0.25 + 1/3), so protected keeps 1.67 of 4.
+    assert policy._probation_share == 0.25 + 1 / 3
+    list(policy.candidates())
+    assert list(policy._probation) == _keys(b"abc")  # with 0.25, only a would have moved
+
+
+def test_a_second_chance_back_soon_after_its_eviction_grows_protected() -> None:
+    policy = Prefix2QPolicy()
+    _roots(policy, b"abcde")
+    for key in _keys(b"abcd"):
+        policy.touch([key])  # 4 of 5 protected: over 75%
+    list(policy.candidates())
+    assert list(policy._probation) == [b"e", b"a"]  # a: a second chance
+    policy.remove(b"a")
+    policy.insert(b"a", None)  # back before 2 (probation's size) more evictions
+    assert policy._probation_share == Prefix2QPolicy.MIN_PROBATION  # 0.25 - 1/4, bounded
+
+
+def test_a_block_back_too_late_for_any_share_changes_nothing() -> None:
+    policy = Prefix2QPolicy()
+    _roots(policy, b"ab")
+    policy.touch([b"a"])  # protected holds 1
+    policy.remove(b"b")
+    policy.insert(b"c", None)
+    policy.remove(b"c")
+    policy.insert(b"b", None)  # 1 eviction after its own: no longer within protected's size
+    assert policy._probation_share == Prefix2QPolicy.PROBATION_FRACTION
+    assert b"b" in policy._protected  # still admitted as reused
+
+
+@pytest.mark.parametrize(
+    ("kind", "capacities"), [("conversation", (1500, 3000)), ("agent", (600,))]
+)
+def test_no_worse_than_lru_on_generated_multi_turn_traces(kind: str, capacities) -> None:
+    """A conversation's next turn comes after a fixed 25% probation has let its blocks go;
+    the adapted share keeps them (a fixed share gives 0.9988x LRU at 3,000 here)."""
+    requests = generate(kind, 600, seed=0)
+    for capacity in capacities:
+        lru = hit_ratio(requests, simulate_lru(requests, capacity), "tokens")
+        ours = hit_ratio(requests, simulate_policy(requests, capacity, "prefix-2q"), "tokens")
+        assert ours >= lru, (kind, capacity)
