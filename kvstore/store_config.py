@@ -26,7 +26,7 @@ class StoreConfig:
     slab_bytes: int = option(
         DEFAULT_SLAB_BYTES, "DRAM slab size; the largest block it holds", parse_bytes
     )
-    policy: str = option("prefix-lru", f"eviction policy, one of {sorted(POLICIES)}")
+    policy: str = option("prefix-2q", f"eviction policy, one of {sorted(POLICIES)}")
     max_batch_keys: int = option(4096, "most keys one call may carry")
     reservation_timeout_s: float = option(30.0, "an uncommitted reservation is freed after this")
     lease_timeout_s: float = option(30.0, "a read lease a client did not release ends after this")
@@ -39,7 +39,7 @@ class StoreConfig:
     hbm_device: str = option("cuda", "torch device of the HBM tier")
     ssd_path: str = option("", "directory of the SSD tier (LMDB); empty: no SSD tier")
     ssd_bytes: int = option(0, "SSD tier capacity", parse_bytes)
-    ssd_policy: str = option("prefix-lru", "eviction policy of the SSD tier")
+    ssd_policy: str = option("prefix-2q", "eviction policy of the SSD tier")
     ssd_sync: bool = option(False, "fsync each SSD transaction (survives power loss)")
     dram_high_watermark: float = option(0.95, "DRAM fill that starts demotion to SSD")
     dram_low_watermark: float = option(0.85, "DRAM fill that demotion stops at")
