@@ -30,8 +30,10 @@ DEFAULTS: Mapping[str, object] = {
     "block_bytes": 64,
     "weighting": "tokens",
 }
-SWEEP_BLOCKS = (1000, 2000, 5000, 10000, 20000, 30000)
-QUICK_SWEEP_BLOCKS = (500, 2000, 5000)
+# The plot's capacities, as fractions of the trace's distinct blocks, on a log axis: the
+# same picture for traces of any size (of the shared trace's, 220 to 30,747 blocks).
+SWEEP_FRACTIONS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.45, 0.7)
+QUICK_SWEEP_FRACTIONS = (0.01, 0.05, 0.2, 0.45)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -128,6 +130,14 @@ def run(options: SuiteOptions) -> list[Row]:
     return rows
 
 
+def sweep_capacities(requests: Sequence[Request], fractions: Sequence[float]) -> list[int]:
+    """Capacities at `fractions` of the distinct blocks of `requests`, each at least the
+    longest request (a request's blocks must fit at once), ascending, without repeats."""
+    distinct = len({h for req in requests for h in req.hash_ids})
+    longest = max(len(req.hash_ids) for req in requests)
+    return sorted({max(longest, round(f * distinct)) for f in fractions})
+
+
 def _sweep(
     requests: Sequence[Request], policies: Sequence[str], weighting: str, capacities: Sequence[int]
 ) -> dict[str, list[float]]:
@@ -152,7 +162,7 @@ def plot(rows: list[Row], path: Path) -> None:
     requests = load_trace(Path(str(first["trace"])), int(first["requests"]))  # type: ignore[call-overload]
     weighting = str(first["weighting"])
     quick = len(requests) <= QUICK_REQUESTS
-    capacities = QUICK_SWEEP_BLOCKS if quick else SWEEP_BLOCKS
+    capacities = sweep_capacities(requests, QUICK_SWEEP_FRACTIONS if quick else SWEEP_FRACTIONS)
     lines = _sweep(requests, [str(r["policy"]) for r in rows], weighting, capacities)
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -163,6 +173,7 @@ def plot(rows: list[Row], path: Path) -> None:
     for row in rows:
         total = int(row["dram_blocks"]) + int(row["ssd_blocks"])  # type: ignore[call-overload]
         ax.plot([total], [row["hit_ratio"]], "x", color="black")
+    ax.set_xscale("log")
     ax.set(xlabel="capacity (blocks)", ylabel=f"prefix hit ratio ({weighting})", ylim=(0, None))
     ax.set_title(f"{Path(str(first['trace'])).name}: {len(requests):,} requests (x: store replay)")
     ax.legend()

@@ -9,6 +9,7 @@ import pytest
 
 from bench import trace_sim
 from bench.__main__ import main
+from bench.trace import SWEEP_FRACTIONS, sweep_capacities
 from bench.trace_file import DEFAULT_TRACE, Request, hit_ratio, load_trace
 from bench.trace_replay import ReplayConfig, replay
 from kvstore.policy import POLICIES
@@ -145,3 +146,9 @@ def test_cli_plot_writes_png(tiny_path: Path, tmp_path: Path) -> None:
     argv = ["trace", "--quick", "--trace", str(tiny_path), "--policy", "lru", "--plot", str(out)]
     assert main(argv) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_capacities_scale_with_the_trace(tiny: list[Request]) -> None:
+    assert sweep_capacities(tiny, SWEEP_FRACTIONS) == [3, 4]  # 5 distinct; longest is 3
+    requests = [Request(0, 512, 1, tuple(range(i, i + 10))) for i in range(0, 1000, 10)]
+    assert sweep_capacities(requests, SWEEP_FRACTIONS) == [10, 20, 50, 100, 200, 450, 700]
