@@ -60,7 +60,7 @@ class HbmCache:
             self.tier.write_from(slot, view)
             entry.hbm_slot = slot
             self._entries[entry.key] = entry
-            self.policy.insert(entry.key, entry.parent)
+            self.policy.insert(entry.key, entry.parent, moved=True)
             self.counters.bytes_written += entry.nbytes
             num_copied += 1
         if num_copied:

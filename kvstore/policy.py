@@ -23,11 +23,12 @@ class EvictionPolicy(ABC):
     """
 
     @abstractmethod
-    def insert(self, key: bytes, parent: bytes | None, demoted: bool = False) -> None:
+    def insert(self, key: bytes, parent: bytes | None, moved: bool = False) -> None:
         """Starts tracking `key`, whose chain predecessor is `parent` (None for a root).
 
-        `demoted`: the block comes from the tier above, which judged it worth keeping
-        (`should_demote`), so it is not new to the store.
+        `moved`: the block comes from another tier, so it is not new to the store: demoted
+        from the tier above, which judged it worth keeping (`should_demote`), promoted from
+        the tier below or copied up after a read, or recovered from disk.
         """
 
     @abstractmethod
@@ -60,7 +61,7 @@ class LRUPolicy(EvictionPolicy):
     def __init__(self) -> None:
         self._order: OrderedDict[bytes, None] = OrderedDict()  # oldest first
 
-    def insert(self, key: bytes, parent: bytes | None, demoted: bool = False) -> None:
+    def insert(self, key: bytes, parent: bytes | None, moved: bool = False) -> None:
         self._order[key] = None
         self._order.move_to_end(key)
 
@@ -148,8 +149,8 @@ class PrefixLRUPolicy(LRUPolicy):
         super().__init__()
         self._chains = _Chains()
 
-    def insert(self, key: bytes, parent: bytes | None, demoted: bool = False) -> None:
-        super().insert(key, parent, demoted)
+    def insert(self, key: bytes, parent: bytes | None, moved: bool = False) -> None:
+        super().insert(key, parent, moved)
         self._chains.link(key, parent)
         if parent is not None and parent in self._chains:
             self.touch([parent])
@@ -275,8 +276,9 @@ class Prefix2QPolicy(EvictionPolicy):
     for good (`_ReturnRates`). A distance whose blocks come back less than
     `NEAR_END_RETURN` times as often as farther ones makes its blocks near ends: they go
     first, the closest to the end first, and a chain's very end (distance 0, a *dead end*)
-    is not worth a demotion. A tier below sees a chain's blocks tail first, from a tier
-    that judged them worth keeping, so demoted blocks are never near ends.
+    is not worth a demotion. Only blocks new to the store have a distance: a tier below sees
+    a chain's blocks tail first, from a tier that judged them worth keeping, so a block that
+    moved between tiers is never a near end.
     """
 
     PROBATION_FRACTION = 0.25
@@ -298,7 +300,7 @@ class Prefix2QPolicy(EvictionPolicy):
         self._returns = _ReturnRates(self.NEAR_END_BLOCKS + 1)
         self._chains = _Chains()
 
-    def insert(self, key: bytes, parent: bytes | None, demoted: bool = False) -> None:
+    def insert(self, key: bytes, parent: bytes | None, moved: bool = False) -> None:
         self._chains.link(key, parent)
         if (remembered := self._ghost.pop(key)) is not None:
             ghost, evictions_since = remembered
@@ -308,7 +310,7 @@ class Prefix2QPolicy(EvictionPolicy):
             self._protected[key] = None
         else:
             self._probation[key] = None
-            if not demoted:
+            if not moved:
                 self._distance[key] = -1  # unread; its distance comes from its children
                 self._update_distance(key)
         if parent is not None:

@@ -222,7 +222,7 @@ class Tiering:
         if slot is not None:
             entry.slot = slot
             self._redundant[entry.key] = entry
-            self.dram_policy.insert(entry.key, entry.parent)
+            self.dram_policy.insert(entry.key, entry.parent, moved=True)
             self.counters.promotions += 1
             self.counters.tiers["dram"].bytes_written += entry.nbytes
         return view
@@ -288,7 +288,7 @@ class Tiering:
                 self.ssd.write([], delete=removed)
             self._finish_write(written)
             for entry in written:
-                self.dram_policy.insert(entry.key, entry.parent)
+                self.dram_policy.insert(entry.key, entry.parent, moved=True)
                 if entry.is_evictable:
                     self._free_dram(entry)
             self.counters.evictions += len(written)
@@ -350,7 +350,7 @@ class Tiering:
             entry.on_ssd = True
             if entry.slot is not None:
                 self._redundant[entry.key] = entry
-            self.ssd_policy.insert(entry.key, entry.parent, demoted=True)
+            self.ssd_policy.insert(entry.key, entry.parent, moved=True)
             if entry.num_hits:  # reused in DRAM: the SSD policy hears of it too
                 self.ssd_policy.touch([entry.key])
             self.counters.tiers["ssd"].bytes_written += entry.nbytes
@@ -434,7 +434,7 @@ class Tiering:
             entry = Entry(key, h.namespace_id, h.parent, h.nbytes, None, BlockState.COMMITTED)
             entry.checksum, entry.on_ssd, entry.seq = h.checksum, True, h.seq
             self.index.add(entry)
-            self.ssd_policy.insert(key, h.parent, demoted=True)
+            self.ssd_policy.insert(key, h.parent, moved=True)
         self._seq = good[-1][1].seq if good else 0
         if bad:
             self.ssd.write([], delete=bad)

@@ -164,11 +164,11 @@ def test_protected_overflow_gets_a_second_chance_on_probation() -> None:
     assert list(policy.candidates()) == [b"f", b"b", b"c", b"d", b"a"]
 
 
-def test_a_demoted_block_is_never_a_near_end() -> None:
+def test_a_block_moved_from_another_tier_is_never_a_near_end() -> None:
     policy = Prefix2QPolicy()
     _dead_ends_do_not_come_back(policy)
-    policy.insert(b"c", b"b", demoted=True)  # chain victims arrive tail first
-    policy.insert(b"b", b"a", demoted=True)
+    policy.insert(b"c", b"b", moved=True)  # chain victims arrive tail first
+    policy.insert(b"b", b"a", moved=True)
     policy.insert(b"x", None)  # born here, never extended: a dead end
     assert policy._distance == {b"x": 0}
     assert list(policy.candidates()) == [b"x", b"c"]  # then probation, oldest tail first

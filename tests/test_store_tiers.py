@@ -213,3 +213,25 @@ def test_a_chain_demoted_tail_first_keeps_its_links_on_ssd(tmp_path):
         ssd_policy = store._tiering.ssd_policy
         assert list(ssd_policy.candidates()) == [chain[3]]  # its tail only
         assert ssd_policy._chains._parent == {chain[i + 1]: chain[i] for i in range(3)}
+
+
+def test_promoted_blocks_do_not_count_as_new_blocks_coming_back(tmp_path):
+    """Near ends are measured on blocks new to the store; one read back from SSD is not."""
+    with _make_store(
+        tmp_path / "ssd",
+        dram_blocks=4,
+        ssd_blocks=8,
+        policy="prefix-2q",
+        ssd_policy="prefix-2q",
+        dram_high_watermark=1.0,
+        dram_low_watermark=1.0,
+    ) as store:
+        chain = _chain(4, seed=1)
+        _put(store, chain)
+        _put(store, _chain(4, seed=2))  # the first chain goes to SSD
+        policy = store._tiering.dram_policy
+        before = list(policy._returns._back)
+        store.release(store.acquire(NS.id, chain).lease_id)  # promoted, then read
+        assert store.match(NS.id, chain).tiers == ("dram",) * 4
+        assert policy._returns._back == before
+        store.check_integrity()
