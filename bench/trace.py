@@ -31,7 +31,8 @@ DEFAULTS: Mapping[str, object] = {
     "weighting": "tokens",
 }
 # The plot's capacities, as fractions of the trace's distinct blocks, on a log axis: the
-# same picture for traces of any size (of the shared trace's, 220 to 30,747 blocks).
+# same picture for traces of any size (for the shared trace, 374 to 30,747 blocks: never
+# fewer than its longest request).
 SWEEP_FRACTIONS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.45, 0.7)
 QUICK_SWEEP_FRACTIONS = (0.01, 0.05, 0.2, 0.45)
 
