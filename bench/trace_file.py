@@ -42,7 +42,8 @@ def parse_request(line: str) -> Request:
 
 
 def load_trace(path: Path, limit: int | None = None) -> list[Request]:
-    """The first `limit` requests of `path` (all when None), blank lines skipped."""
+    """The first `limit` requests of `path` (all when None), blank lines skipped, their
+    ids made prefix ids (`chain_ids`)."""
     requests: list[Request] = []
     with path.open() as f:
         for line in f:
@@ -50,7 +51,32 @@ def load_trace(path: Path, limit: int | None = None) -> list[Request]:
                 break
             if line.strip():
                 requests.append(parse_request(line))
-    return requests
+    return chain_ids(requests)
+
+
+def chain_ids(requests: Sequence[Request]) -> list[Request]:
+    """Makes an id stand for one prefix: an id seen under another parent than the first
+    time gets a fresh id for each such parent.
+
+    Chained prefix hashes already are prefix ids, and come out unchanged. Any other id list
+    (an id repeated within a request, or under another prefix) still replays with prefix
+    semantics, the same in the store and in every simulation.
+    """
+    first_parent: dict[int, int | None] = {}
+    fresh: dict[tuple[int | None, int], int] = {}
+    next_id = 1 + max((h for req in requests for h in req.hash_ids), default=0)
+    out = []
+    for req in requests:
+        ids: list[int] = []
+        for h in req.hash_ids:
+            parent = ids[-1] if ids else None
+            if first_parent.setdefault(h, parent) != parent:
+                if (parent, h) not in fresh:
+                    fresh[parent, h], next_id = next_id, next_id + 1
+                h = fresh[parent, h]
+            ids.append(h)
+        out.append(req._replace(hash_ids=tuple(ids)))
+    return out
 
 
 def _token_weights(req: Request) -> list[int]:

@@ -152,3 +152,27 @@ def test_plot_capacities_scale_with_the_trace(tiny: list[Request]) -> None:
     assert sweep_capacities(tiny, SWEEP_FRACTIONS) == [3, 4]  # 5 distinct; longest is 3
     requests = [Request(0, 512, 1, tuple(range(i, i + 10))) for i in range(0, 1000, 10)]
     assert sweep_capacities(requests, SWEEP_FRACTIONS) == [10, 20, 50, 100, 200, 450, 700]
+
+
+def test_ids_under_another_prefix_become_distinct_blocks(tmp_path: Path) -> None:
+    path = tmp_path / "odd.jsonl"
+    lines = [[1, 2, 1], [3, 1, 2], [1, 2, 1], [2]]
+    path.write_text("".join(json.dumps({**TINY[0], "hash_ids": ids}) + "\n" for ids in lines))
+    requests = load_trace(path)
+    # 1 and 2 keep their ids where first seen (a root, then after 1); elsewhere they are
+    # other blocks: 1 after 2, 1 after 3, 2 after that 1, and 2 as a root.
+    assert [r.hash_ids for r in requests] == [(1, 2, 4), (3, 5, 6), (1, 2, 4), (7,)]
+    assert trace_sim.simulate_unbounded(requests) == [0, 0, 3, 0]
+    out = tmp_path / "odd.json"
+    assert main(["trace", "--trace", str(path), "--dram-blocks", "8", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert {row["hit_ratio"] for row in rows} == {row["unbounded_hit_ratio"] for row in rows}
+    assert rows[0]["hit_ratio"] == 1300 / (4 * 1300)  # all of request 2's 1,300 tokens
+
+
+def test_chained_ids_are_unchanged(tiny: list[Request]) -> None:
+    assert [list(r.hash_ids) for r in tiny] == [r["hash_ids"] for r in TINY]
+    if DEFAULT_TRACE.exists():
+        requests = load_trace(DEFAULT_TRACE, limit=500)
+        raw = [json.loads(line)["hash_ids"] for line in DEFAULT_TRACE.open()][:500]
+        assert [list(r.hash_ids) for r in requests] == raw
