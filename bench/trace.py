@@ -114,7 +114,12 @@ def run(options: SuiteOptions) -> list[Row]:
             (`add_arguments`) come in ``extra``.
     """
     s = _settings(options)
-    requests = load_trace(Path(str(s["trace"])), QUICK_REQUESTS if options.quick else None)
+    try:
+        requests = load_trace(Path(str(s["trace"])), QUICK_REQUESTS if options.quick else None)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"--trace: {exc}") from None
+    if not requests:
+        raise SystemExit(f"--trace: no requests in {s['trace']}")
     _check_fits(requests, int(s["dram_blocks"]))  # type: ignore[call-overload]
     policies = list(POLICIES) if s["policy"] == "all" else [str(s["policy"])]
     configs = [

@@ -28,13 +28,13 @@ class Request(NamedTuple):
 
 def parse_request(line: str) -> Request:
     """One trace line; raises ValueError naming the missing or malformed field."""
-    obj = json.loads(line)
     try:
+        obj = json.loads(line)
         hash_ids = tuple(int(h) for h in obj["hash_ids"])
         req = Request(
             int(obj["timestamp"]), int(obj["input_length"]), int(obj["output_length"]), hash_ids
         )
-    except (KeyError, TypeError) as exc:
+    except (KeyError, TypeError, ValueError) as exc:  # bad JSON is a ValueError too
         raise ValueError(f"not a Mooncake trace line ({exc!r}): {line[:80]!r}") from None
     if not hash_ids:
         raise ValueError(f"request without hash_ids: {line[:80]!r}")
@@ -46,11 +46,14 @@ def load_trace(path: Path, limit: int | None = None) -> list[Request]:
     ids made prefix ids (`chain_ids`)."""
     requests: list[Request] = []
     with path.open() as f:
-        for line in f:
+        for number, line in enumerate(f, 1):
             if limit is not None and len(requests) >= limit:
                 break
             if line.strip():
-                requests.append(parse_request(line))
+                try:
+                    requests.append(parse_request(line))
+                except ValueError as exc:
+                    raise ValueError(f"{path}:{number}: {exc}") from None
     return chain_ids(requests)
 
 

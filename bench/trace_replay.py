@@ -83,8 +83,8 @@ class ReplayResult(NamedTuple):
 
 
 def block_key(hash_id: int) -> bytes:
-    """The 32-byte store key of a trace hash id."""
-    return hashlib.blake2b(hash_id.to_bytes(8, "little"), digest_size=32).digest()
+    """The 32-byte store key of a trace hash id (any int, negative or wide)."""
+    return hashlib.blake2b(str(hash_id).encode(), digest_size=32).digest()
 
 
 def _payload(key: bytes, block_bytes: int) -> bytes:

@@ -176,3 +176,23 @@ def test_chained_ids_are_unchanged(tiny: list[Request]) -> None:
         requests = load_trace(DEFAULT_TRACE, limit=500)
         raw = [json.loads(line)["hash_ids"] for line in DEFAULT_TRACE.open()][:500]
         assert [list(r.hash_ids) for r in requests] == raw
+
+
+def test_unreadable_traces_are_refused_with_the_line(tmp_path: Path) -> None:
+    bad_json, empty = tmp_path / "bad.jsonl", tmp_path / "empty.jsonl"
+    bad_json.write_text(json.dumps(TINY[0]) + "\n" + "not json\n")
+    empty.write_text("\n")
+    cases = [(bad_json, "bad.jsonl:2: not a Mooncake trace line"), (empty, "no requests")]
+    cases.append((tmp_path / "absent.jsonl", "No such file"))
+    for path, message in cases:
+        with pytest.raises(SystemExit, match=message):
+            main(["trace", "--trace", str(path), "--dram-blocks", "4"])
+
+
+def test_any_integer_ids_replay(tmp_path: Path) -> None:
+    path = tmp_path / "wide.jsonl"
+    ids = [[-1, 2**70], [-1, 2**70, 5]]
+    path.write_text("".join(json.dumps({**TINY[0], "hash_ids": h}) + "\n" for h in ids))
+    out = tmp_path / "wide.json"
+    assert main(["trace", "--trace", str(path), "--dram-blocks", "3", "--json", str(out)]) == 0
+    assert {row["hit_ratio"] for row in json.loads(out.read_text())} == {1024 / 2600}
