@@ -7,11 +7,20 @@ store itself skips candidates it may not evict (leased, reserved, in another tie
 
 from __future__ import annotations
 
+import heapq
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from operator import itemgetter
 from types import MappingProxyType
 from typing import NamedTuple
+
+
+class BlockHint(NamedTuple):
+    """What a tier's policy knew of a block it gives up to the tier below, for that tier's
+    policy (`EvictionPolicy.hint`, then `insert(..., hint=...)`)."""
+
+    prompt_class: int  # an unread block's `prompt_class` of the prompt that wrote it
 
 
 class EvictionPolicy(ABC):
@@ -23,12 +32,15 @@ class EvictionPolicy(ABC):
     """
 
     @abstractmethod
-    def insert(self, key: bytes, parent: bytes | None, moved: bool = False) -> None:
+    def insert(
+        self, key: bytes, parent: bytes | None, moved: bool = False, hint: BlockHint | None = None
+    ) -> None:
         """Starts tracking `key`, whose chain predecessor is `parent` (None for a root).
 
         `moved`: the block comes from another tier, so it is not new to the store: demoted
         from the tier above, which judged it worth keeping (`should_demote`), promoted from
-        the tier below or copied up after a read, or recovered from disk.
+        the tier below or copied up after a read, or recovered from disk. `hint`: what the
+        tier above's policy knew of a demoted block (`hint`), if anything.
         """
 
     @abstractmethod
@@ -54,6 +66,11 @@ class EvictionPolicy(ABC):
         """
         return True
 
+    def hint(self, key: bytes) -> BlockHint | None:
+        """What this (upper) tier knows of `key` that the tier below's policy can use when
+        the block is demoted; called with the key still tracked."""
+        return None
+
 
 class LRUPolicy(EvictionPolicy):
     """Least recently used first. Blind to chains: it may evict a root before its tail."""
@@ -61,7 +78,9 @@ class LRUPolicy(EvictionPolicy):
     def __init__(self) -> None:
         self._order: OrderedDict[bytes, None] = OrderedDict()  # oldest first
 
-    def insert(self, key: bytes, parent: bytes | None, moved: bool = False) -> None:
+    def insert(
+        self, key: bytes, parent: bytes | None, moved: bool = False, hint: BlockHint | None = None
+    ) -> None:
         self._order[key] = None
         self._order.move_to_end(key)
 
@@ -149,7 +168,9 @@ class PrefixLRUPolicy(LRUPolicy):
         super().__init__()
         self._chains = _Chains()
 
-    def insert(self, key: bytes, parent: bytes | None, moved: bool = False) -> None:
+    def insert(
+        self, key: bytes, parent: bytes | None, moved: bool = False, hint: BlockHint | None = None
+    ) -> None:
         super().insert(key, parent, moved)
         self._chains.link(key, parent)
         if parent is not None and parent in self._chains:
@@ -202,6 +223,7 @@ class _ReturnRates:
 
 class _Ghost(NamedTuple):
     distance: int | None  # an unread block's distance to its chain's end, else None
+    prompt_class: int | None  # an unread block's prompt class, else None
     was_read: bool  # a second chance (read, then overflowed protected), not a new block
     evicted_at: int  # the ghost list's eviction count when it was evicted
 
@@ -218,10 +240,17 @@ class _GhostList:
         self.counts = [0, 0]  # unread, read
         self._evictions = 0
 
-    def add(self, key: bytes, distance: int | None, was_read: bool, limit: float) -> None:
+    def add(
+        self,
+        key: bytes,
+        distance: int | None,
+        prompt_class: int | None,
+        was_read: bool,
+        limit: float,
+    ) -> None:
         """Remembers an evicted key, then forgets the oldest beyond `limit` entries."""
         self._evictions += 1
-        self._entries[key] = _Ghost(distance, was_read, self._evictions)
+        self._entries[key] = _Ghost(distance, prompt_class, was_read, self._evictions)
         self.counts[was_read] += 1
         while len(self._entries) > limit:
             _, ghost = self._entries.popitem(last=False)
@@ -239,14 +268,21 @@ class _GhostList:
         return len(self._entries)
 
 
+def prompt_class(num_blocks: int) -> int:
+    """The class of a prompt of `num_blocks` blocks: 0 below 4, then one per doubling (4 to
+    7, 8 to 15, ...), the last from 64 on."""
+    return max(0, min(num_blocks.bit_length() - 2, Prefix2QPolicy.PROMPT_CLASSES - 1))
+
+
 class Prefix2QPolicy(EvictionPolicy):
     """2Q over chain tails: a block earns protection by its second use.
 
     Three lists, every candidate a chain tail so prefixes stay reachable:
 
-    - probation, oldest first: blocks used once (inserted, never hit since), and blocks
-      that overflowed protected (a second chance). Victims come from here, and among them
-      the *near ends* first (below).
+    - probation: blocks used once (inserted, never hit since), and blocks that overflowed
+      protected (a second chance). Victims come from here: the *near ends* first, then the
+      block that has waited longest, where a block of a *prompt class* that comes back less
+      often waits faster (below).
     - protected, least recent first: blocks hit at least once, or inserted again soon after
       they were evicted from probation (the ghost list remembers those keys, not bytes).
       When it holds more than its share of the blocks, its least recent block moves to the
@@ -266,19 +302,34 @@ class Prefix2QPolicy(EvictionPolicy):
     probation shrinks. Conversations, whose next turn comes a while later, want a long
     probation; prompts over shared documents, reused at random, want protected large.
 
-    Near ends. Prompts that share a prefix part where they diverge, so the last blocks of a
-    prompt are often its own: the question after a shared document, the partial block a
-    conversation's next turn rewrites. Whether they are depends on the workload: a chat
-    turn's next-to-last blocks are read by its next turn. So the policy measures it. Each
-    unread block has a distance to the end of its chain (0 for a tail; blocks below it
-    unread too), and the policy counts, per distance below `NEAR_END_BLOCKS` and for all
-    farther blocks together, how many unread blocks came back and how many were evicted
-    for good (`_ReturnRates`). A distance whose blocks come back less than
-    `NEAR_END_RETURN` times as often as farther ones makes its blocks near ends: they go
-    first, the closest to the end first, and a chain's very end (distance 0, a *dead end*)
-    is not worth a demotion. Only blocks new to the store have a distance: a tier below sees
-    a chain's blocks tail first, from a tier that judged them worth keeping, so a block that
-    moved between tiers is never a near end.
+    Unread blocks fall into classes, and the policy counts, per class, how many of them came
+    back (were read, or inserted again while remembered in the ghost list) and how many were
+    evicted for good (`_ReturnRates`). Two kinds of class:
+
+    - Near ends. Prompts that share a prefix part where they diverge, so the last blocks of
+      a prompt are often its own: the question after a shared document, the partial block a
+      conversation's next turn rewrites. Whether they are depends on the workload: a chat
+      turn's next-to-last blocks are read by its next turn. Each unread block has a distance
+      to the end of its chain (0 for a tail; blocks below it unread too), one class per
+      distance below `NEAR_END_BLOCKS` and one for all farther blocks. A distance whose
+      blocks come back less than `NEAR_END_RETURN` times as often as farther ones makes its
+      blocks near ends: they go first, the closest to the end first, and a chain's very end
+      (distance 0, a *dead end*) is not worth a demotion.
+    - Prompt classes. Whether a prompt is asked for again depends on what it is: a long
+      document is shared more than a one-line question, or the other way round. An unread
+      block's prompt length is the depth, in blocks from its root, of the deepest unread
+      block below it (the prompt that wrote it), in `PROMPT_CLASSES` classes
+      (`prompt_class`). A block's time on probation counts `(best / rate) ** 2` times, where
+      `rate` is how often its class comes back and `best` the rate of the class that comes
+      back most (blocks of no class count as the best). So a class that comes back a tenth
+      as often goes almost at once, one that comes back half as often waits a quarter as
+      long, and classes that come back about as often (a conversation's turns, however
+      long) keep their order of arrival.
+
+    Only blocks new to the store have a distance and a prompt class of their own: a tier
+    below sees a chain's blocks tail first, from a tier that judged them worth keeping, so
+    a block that moved between tiers is never a near end; a demoted unread block keeps the
+    prompt class the tier above gave it (`hint`).
     """
 
     PROBATION_FRACTION = 0.25
@@ -286,44 +337,66 @@ class Prefix2QPolicy(EvictionPolicy):
     GHOST_FACTOR = 2.0
     NEAR_END_BLOCKS = 3
     NEAR_END_RETURN = 0.75
+    PROMPT_CLASSES = 6
+    NO_CLASS = PROMPT_CLASSES  # the index of blocks of no prompt class in `_waiting`
 
     def __init__(self) -> None:
-        self._probation: OrderedDict[bytes, None] = OrderedDict()  # oldest first
+        self._clock = 0  # blocks inserted so far: probation's time
+        self._probation: dict[bytes, int] = {}  # -> the clock when it entered probation
         self._second_chances: set[bytes] = set()  # read blocks on probation
         self._protected: OrderedDict[bytes, None] = OrderedDict()  # least recent first
         self._probation_share = self.PROBATION_FRACTION
         self._ghost = _GhostList()
+        self._chains = _Chains()
+        # Depth from the root, as far as this tier holds the chain.
+        self._depth: dict[bytes, int] = {}
         # Unread blocks (a subset of probation) -> distance to their chain's end, at most
         # NEAR_END_BLOCKS ("farther"); and those nearer, by distance, oldest first.
         self._distance: dict[bytes, int] = {}
         self._near_ends = [OrderedDict[bytes, None]() for _ in range(self.NEAR_END_BLOCKS)]
         self._returns = _ReturnRates(self.NEAR_END_BLOCKS + 1)
-        self._chains = _Chains()
+        # Unread blocks (on probation) -> their prompt class. Probation by prompt class,
+        # oldest first, then the blocks of no class (NO_CLASS).
+        self._prompt_class: dict[bytes, int] = {}
+        self._waiting = [OrderedDict[bytes, None]() for _ in range(self.PROMPT_CLASSES + 1)]
+        self._prompt_returns = _ReturnRates(self.PROMPT_CLASSES)
 
-    def insert(self, key: bytes, parent: bytes | None, moved: bool = False) -> None:
+    def insert(
+        self, key: bytes, parent: bytes | None, moved: bool = False, hint: BlockHint | None = None
+    ) -> None:
+        self._clock += 1
         self._chains.link(key, parent)
+        self._depth[key] = self._depth[parent] + 1 if parent in self._depth else 0
         if (remembered := self._ghost.pop(key)) is not None:
             ghost, evictions_since = remembered
             if ghost.distance is not None:
                 self._returns.came_back_after_all(ghost.distance)
+            if ghost.prompt_class is not None:
+                self._prompt_returns.came_back_after_all(ghost.prompt_class)
             self._adapt(ghost, evictions_since)
             self._protected[key] = None
         else:
-            self._probation[key] = None
+            self._enter_probation(key)
             if not moved:
                 self._distance[key] = -1  # unread; its distance comes from its children
                 self._update_distance(key)
+                self._raise_prompt_class(key, prompt_class(self._depth[key] + 1))
+            elif hint is not None:
+                self._raise_prompt_class(key, hint.prompt_class)
         if parent is not None:
             self._update_distance(parent)
             self._refresh(parent)  # the parent after its child, so the tail goes first
 
     def touch(self, keys: Sequence[bytes]) -> None:
         for key in reversed(keys):  # tail first: the root ends up the most recent
-            distance = self._forget_distance(key)
+            was_waiting = self._leave_probation(key)
+            distance, klass = self._forget_unread(key)
             if distance is not None:
                 self._returns.record(distance, True, len(self))
+            if klass is not None:
+                self._prompt_returns.record(klass, True, len(self))
             self._second_chances.discard(key)
-            if self._probation.pop(key, 0) is None:
+            if was_waiting:
                 self._protected[key] = None
             elif key in self._protected:
                 self._protected.move_to_end(key)
@@ -332,28 +405,43 @@ class Prefix2QPolicy(EvictionPolicy):
         if key not in self._chains:
             return
         self._chains.unlink(key)
-        distance = self._forget_distance(key)
+        del self._depth[key]
+        was_waiting = self._leave_probation(key)
+        distance, klass = self._forget_unread(key)
         self._protected.pop(key, None)
-        if self._probation.pop(key, 0) is None:
+        if was_waiting:
             if distance is not None:
                 self._returns.record(distance, False, len(self))
+            if klass is not None:
+                self._prompt_returns.record(klass, False, len(self))
             was_read = key in self._second_chances
             self._second_chances.discard(key)
-            self._ghost.add(key, distance, was_read, self.GHOST_FACTOR * len(self))
+            self._ghost.add(key, distance, klass, was_read, self.GHOST_FACTOR * len(self))
 
     def candidates(self) -> Iterator[bytes]:
         self._balance()  # only once victims are wanted: a store still filling up keeps all
         near = self.near_end_distances()
         for distance in near:
             yield from (k for k in self._near_ends[distance] if self._chains.is_tail(k))
-        for segment in (self._probation, self._protected):
-            yield from (
-                k for k in segment if self._distance.get(k) not in near and self._chains.is_tail(k)
-            )
+
+        def waited(waiting: Iterable[bytes], speed: float) -> Iterator[tuple[float, bytes]]:
+            for k in waiting:  # oldest first: longest waited first
+                if self._distance.get(k) not in near and self._chains.is_tail(k):
+                    yield (self._clock - self._probation[k]) * speed, k
+
+        speeds = self.waiting_speeds()
+        queues = [waited(w, speed) for w, speed in zip(self._waiting, speeds, strict=True)]
+        yield from (k for _, k in heapq.merge(*queues, key=itemgetter(0), reverse=True))
+        yield from (k for k in self._protected if self._chains.is_tail(k))
 
     def should_demote(self, key: bytes) -> bool:
         """Demotes every block but a dead end, while dead ends rarely come back."""
         return self._distance.get(key) != 0 or 0 not in self.near_end_distances()
+
+    def hint(self, key: bytes) -> BlockHint | None:
+        """An unread block's prompt class, for the tier below."""
+        klass = self._prompt_class.get(key)
+        return None if klass is None else BlockHint(klass)
 
     def near_end_distances(self) -> list[int]:
         """Distances to a chain's end whose unread blocks now go first."""
@@ -363,6 +451,13 @@ class Prefix2QPolicy(EvictionPolicy):
             for d in range(self.NEAR_END_BLOCKS)
             if self._returns.rate(d) < self.NEAR_END_RETURN * farther
         ]
+
+    def waiting_speeds(self) -> list[float]:
+        """How fast a block's time on probation counts, per prompt class, then for blocks of
+        no class: `(best / rate) ** 2`, at least 1."""
+        rates = [self._prompt_returns.rate(c) for c in range(self.PROMPT_CLASSES)]
+        best = max(rates)
+        return [(best / rate) ** 2 for rate in rates] + [1.0]
 
     def __len__(self) -> int:
         return len(self._probation) + len(self._protected)
@@ -392,11 +487,37 @@ class Prefix2QPolicy(EvictionPolicy):
                 self._near_ends[distance][key] = None
             key = self._chains.parent(key)
 
-    def _forget_distance(self, key: bytes) -> int | None:
+    def _raise_prompt_class(self, key: bytes | None, klass: int) -> None:
+        """Gives `key`, on probation, the prompt class `klass`, and its unread ancestors too,
+        while it is higher than theirs: a prompt is as long as its deepest unread block."""
+        first = True
+        while key is not None and (first or key in self._prompt_class):
+            old = self._prompt_class.get(key, self.NO_CLASS)
+            if old != self.NO_CLASS and old >= klass:
+                return
+            del self._waiting[old][key]
+            self._prompt_class[key] = klass
+            self._waiting[klass][key] = None
+            key, first = self._chains.parent(key), False
+
+    def _enter_probation(self, key: bytes) -> None:
+        self._probation[key] = self._clock
+        self._waiting[self.NO_CLASS][key] = None
+
+    def _leave_probation(self, key: bytes) -> bool:
+        """Takes `key` off probation; whether it was there."""
+        if key not in self._probation:
+            return False
+        del self._probation[key]
+        del self._waiting[self._prompt_class.get(key, self.NO_CLASS)][key]
+        return True
+
+    def _forget_unread(self, key: bytes) -> tuple[int | None, int | None]:
+        """Forgets that `key` is unread; returns its distance and prompt class, if any."""
         distance = self._distance.pop(key, None)
         if distance is not None and 0 <= distance < self.NEAR_END_BLOCKS:
             del self._near_ends[distance][key]
-        return distance
+        return distance, self._prompt_class.pop(key, None)
 
     def _adapt(self, ghost: _Ghost, evictions_since: int) -> None:
         """ARC's adaptation of the probation share, on a key back from the ghost list."""
@@ -414,13 +535,15 @@ class Prefix2QPolicy(EvictionPolicy):
         """Moves protected's least recent blocks beyond its share to probation's young end."""
         while len(self._protected) > (1 - self._probation_share) * len(self):
             key, _ = self._protected.popitem(last=False)
-            self._probation[key] = None
+            self._enter_probation(key)
             self._second_chances.add(key)
 
     def _refresh(self, key: bytes) -> None:
-        for segment in (self._probation, self._protected):
-            if key in segment:
-                segment.move_to_end(key)
+        if key in self._protected:
+            self._protected.move_to_end(key)
+        elif key in self._probation:  # it waits from now, after its child
+            self._probation[key] = self._clock
+            self._waiting[self._prompt_class.get(key, self.NO_CLASS)].move_to_end(key)
 
 
 POLICIES: MappingProxyType[str, type[EvictionPolicy]] = MappingProxyType(

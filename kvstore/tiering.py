@@ -12,7 +12,8 @@ transaction (by a background thread, or inline when `background_demotion` is off
 
 Each tier has its own policy instance. A block's reads follow it down: a block demoted after
 a hit in DRAM is recorded as reused by the SSD policy too, so a policy that protects reused
-blocks (prefix-2q) keeps protecting it there.
+blocks (prefix-2q) keeps protecting it there; so does what the DRAM policy knew of it (its
+`hint`, for prefix-2q an unread block's prompt class).
 
 With an HBM tier (`kvstore.hbm_cache`), blocks read by device readers also get a device copy,
 inclusive of DRAM: a block leaving DRAM leaves HBM with it.
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +31,7 @@ from kvstore import errors
 from kvstore.checksum import checksum
 from kvstore.hbm_cache import HbmCache
 from kvstore.index import BlockIndex, BlockState, Entry
-from kvstore.policy import make_policy
+from kvstore.policy import BlockHint, make_policy
 from kvstore.results import TierUsage
 from tiers.base import Record, RecordHeader, Slot
 from tiers.dram import DramTier
@@ -124,7 +125,7 @@ class Tiering:
             )
         is_worth_writing = self.ssd is not None and self.dram_policy.should_demote(victim.key)
         if not victim.on_ssd and is_worth_writing:
-            self._write_out([victim])
+            self._write_out([victim], {victim.key: self.dram_policy.hint(victim.key)})
         self._evict_now(victim)
 
     def _dram_victim(self, nbytes: int | None) -> Entry | None:
@@ -272,7 +273,7 @@ class Tiering:
         SSD write (one transaction, run without the store's lock; the victims are pinned and
         out of the DRAM policy meanwhile). Returns how many blocks left DRAM."""
         with self.lock:
-            to_write, num_freed = self._select_demotions()
+            to_write, hints, num_freed = self._select_demotions()
             records, delete = self._prepare_write(to_write)
         if to_write:
             assert self.ssd is not None
@@ -286,7 +287,7 @@ class Tiering:
             if removed:  # removed while being written: their records must not outlive them
                 assert self.ssd is not None
                 self.ssd.write([], delete=removed)
-            self._finish_write(written)
+            self._finish_write(written, hints)
             for entry in written:
                 self.dram_policy.insert(entry.key, entry.parent, moved=True)
                 if entry.is_evictable:
@@ -298,12 +299,14 @@ class Tiering:
         entry = self.index.get(key)
         return entry is not None and entry.on_ssd
 
-    def _select_demotions(self) -> tuple[list[Entry], int]:
+    def _select_demotions(self) -> tuple[list[Entry], dict[bytes, BlockHint | None], int]:
         """Dirty victims to write out (pinned), after freeing clean ones and dropping those
-        the policy will not demote; returns them and how many blocks were freed."""
+        the policy will not demote; returns them, the DRAM policy's hints for them, and how
+        many blocks were freed."""
         low = self.config.dram_low_watermark * self.dram.capacity_bytes
         excess = self.dram.stats().used_bytes - low
         to_write: list[Entry] = []
+        hints: dict[bytes, BlockHint | None] = {}
         num_freed = 0
         while excess > 0 and (victim := self._dram_victim(None)) is not None:
             excess -= victim.nbytes
@@ -311,11 +314,12 @@ class Tiering:
                 self._evict_now(victim)
                 num_freed += 1
                 continue
+            hints[victim.key] = self.dram_policy.hint(victim.key)
             self.dram_policy.remove(victim.key)
             victim.is_demoting = True
             victim.num_leases += 1
             to_write.append(victim)
-        return to_write, num_freed
+        return to_write, hints, num_freed
 
     def _evict_now(self, victim: Entry) -> None:
         """Evicts a victim that needs no SSD write: it is clean, or not worth keeping."""
@@ -326,12 +330,12 @@ class Tiering:
             self.counters.drops += 1
             self.drop(victim)
 
-    def _write_out(self, entries: list[Entry]) -> None:
+    def _write_out(self, entries: list[Entry], hints: Mapping[bytes, BlockHint | None]) -> None:
         """Writes `entries` to SSD now, under the lock (the eviction path's fallback)."""
         assert self.ssd is not None
         records, delete = self._prepare_write(entries)
         self.ssd.write(records, delete)
-        self._finish_write(entries)
+        self._finish_write(entries, hints)
 
     def _prepare_write(self, entries: list[Entry]) -> tuple[list[Record], list[bytes]]:
         """Records for `entries`, and the SSD victims to delete in the same transaction."""
@@ -345,12 +349,14 @@ class Tiering:
             records.append(Record(e.key, header, self.dram.view(e.slot)))
         return records, delete
 
-    def _finish_write(self, entries: list[Entry]) -> None:
+    def _finish_write(self, entries: list[Entry], hints: Mapping[bytes, BlockHint | None]) -> None:
+        """Tracks written `entries` on SSD, with the DRAM policy's `hints` for them."""
         for entry in entries:
             entry.on_ssd = True
             if entry.slot is not None:
                 self._redundant[entry.key] = entry
-            self.ssd_policy.insert(entry.key, entry.parent, moved=True)
+            hint = hints.get(entry.key)
+            self.ssd_policy.insert(entry.key, entry.parent, moved=True, hint=hint)
             if entry.num_hits:  # reused in DRAM: the SSD policy hears of it too
                 self.ssd_policy.touch([entry.key])
             self.counters.tiers["ssd"].bytes_written += entry.nbytes

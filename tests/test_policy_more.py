@@ -7,7 +7,7 @@ import pytest
 from bench.trace_file import hit_ratio
 from bench.trace_gen import generate
 from bench.trace_sim import simulate_lru, simulate_policy
-from kvstore.policy import POLICIES, Prefix2QPolicy, make_policy
+from kvstore.policy import POLICIES, BlockHint, LRUPolicy, Prefix2QPolicy, make_policy, prompt_class
 
 
 def _chain(policy: Prefix2QPolicy, keys: bytes) -> None:
@@ -227,3 +227,91 @@ def test_no_worse_than_lru_on_generated_multi_turn_traces(kind: str, capacities)
         lru = hit_ratio(requests, simulate_lru(requests, capacity), "tokens")
         ours = hit_ratio(requests, simulate_policy(requests, capacity, "prefix-2q"), "tokens")
         assert ours >= lru, (kind, capacity)
+
+
+def test_prompt_classes_double() -> None:
+    lengths = (1, 3, 4, 7, 8, 16, 32, 63, 64, 10_000)
+    assert [prompt_class(n) for n in lengths] == [0, 0, 1, 1, 2, 3, 4, 4, 5, 5]
+
+
+def test_an_unread_block_is_in_the_class_of_the_prompt_that_wrote_it() -> None:
+    policy = Prefix2QPolicy()
+    _chain(policy, b"abc")
+    assert policy._prompt_class == dict.fromkeys(_keys(b"abc"), 0)  # a 3-block prompt
+    policy.touch(_keys(b"abc"))  # read: no longer unread
+    for i, key in enumerate(b"defgh"):  # a prompt of 8 blocks extends the read prefix abc
+        policy.insert(bytes([key]), bytes([b"cdefg"[i]]))
+        # each new block raises its unread ancestors' class, never a read one's
+        assert set(policy._prompt_class.values()) == {prompt_class(4 + i)}
+    assert policy._prompt_class == dict.fromkeys(_keys(b"defgh"), 2)
+
+
+def _prompts(policy: Prefix2QPolicy, num_prompts: int, blocks: int, seed: int) -> list[list[bytes]]:
+    """Inserts `num_prompts` unread prompts of `blocks` blocks each; returns their keys."""
+    prompts = []
+    for p in range(num_prompts):
+        keys = [(seed * 10_000 + p * 100 + i).to_bytes(4) for i in range(blocks)]
+        for i, key in enumerate(keys):
+            policy.insert(key, keys[i - 1] if i else None)
+        prompts.append(keys)
+    return prompts
+
+
+def test_prompt_classes_come_back_as_measured() -> None:
+    policy = Prefix2QPolicy()
+    assert policy.waiting_speeds() == [1.0] * 7  # no evidence: order of arrival
+    for keys in _prompts(policy, 8, 2, seed=1):  # short prompts (class 0) go for good
+        for key in reversed(keys):
+            policy.remove(key)
+    speeds = policy.waiting_speeds()
+    assert speeds[0] > 50 and speeds[1:] == [1.0] * 6  # (0.5 / (1 / 18)) ** 2 = 81
+    for keys in _prompts(policy, 4, 8, seed=2):  # prompts of 8 blocks (class 2) are read
+        policy.touch(keys)
+    speeds = policy.waiting_speeds()
+    assert speeds[2] == 1.0 and speeds[6] == 1.0  # the best class, and blocks of none
+    assert speeds[0] > speeds[1] > 1.0  # classes without evidence wait faster than it
+    before = policy._prompt_returns.rate(0)
+    short = _prompts(policy, 1, 2, seed=3)[0]
+    policy.remove(short[1])
+    assert policy._prompt_returns.rate(0) < before
+    policy.insert(short[1], short[0])  # back from the ghost list: it came back after all
+    assert policy._prompt_returns.rate(0) > before
+
+
+def test_a_block_of_a_class_that_comes_back_less_often_waits_faster() -> None:
+    def first_victims(evidence: bool) -> list[str]:
+        policy = Prefix2QPolicy()
+        for _ in range(20 if evidence else 0):  # short prompts never come back, long ones do
+            policy._prompt_returns.record(0, False, len(policy))
+            policy._prompt_returns.record(2, True, len(policy))
+        prompts = {
+            name: _prompts(policy, 1, n, seed=n)[0]
+            for name, n in [("long", 8), ("short", 2), ("later", 9)]
+        }
+        tails = {keys[-1]: name for name, keys in prompts.items()}
+        return [tails[k] for k in list(policy.candidates())[:3]]
+
+    # The short prompt waited 9 blocks, the long one 11: with the evidence, the short one's
+    # tail goes first (9 * (0.95 / 0.045) ** 2 > 11); without it, the oldest.
+    assert first_victims(evidence=True) == ["short", "long", "later"]
+    assert first_victims(evidence=False) == ["long", "short", "later"]
+
+
+def test_the_prompt_class_follows_a_demoted_block_to_the_tier_below() -> None:
+    dram, ssd = Prefix2QPolicy(), Prefix2QPolicy()
+    _chain(dram, b"abcd")  # a prompt of 4 blocks: class 1
+    dram.touch([b"a"])
+    assert [dram.hint(k) for k in _keys(b"abcd")] == [
+        None,
+        BlockHint(1),
+        BlockHint(1),
+        BlockHint(1),
+    ]
+    ssd.insert(b"d", b"c", moved=True, hint=dram.hint(b"d"))
+    ssd.insert(b"c", b"b", moved=True)  # no hint: no class
+    assert ssd._prompt_class == {b"d": 1}
+    ssd.remove(b"d")  # evicted unread: counted against its class on SSD
+    assert ssd._prompt_returns.rate(1) < 0.5
+    lru = LRUPolicy()
+    lru.insert(b"d", b"c", moved=True, hint=BlockHint(1))  # other policies ignore hints
+    assert lru.hint(b"d") is None and list(lru.candidates()) == [b"d"]

@@ -235,3 +235,26 @@ def test_promoted_blocks_do_not_count_as_new_blocks_coming_back(tmp_path):
         assert store.match(NS.id, chain).tiers == ("dram",) * 4
         assert policy._returns._back == before
         store.check_integrity()
+
+
+@pytest.mark.parametrize("watermark", [1.0, 0.9])
+def test_a_block_demoted_unread_keeps_its_prompt_class_on_ssd(tmp_path, watermark):
+    """The DRAM policy hands what it knew of a demoted block to the SSD policy, on both
+    write paths: inline on eviction (watermarks 1.0) and the demotion pass (below 1.0)."""
+    with _make_store(
+        tmp_path / "ssd",
+        dram_blocks=4,
+        ssd_blocks=8,
+        policy="prefix-2q",
+        ssd_policy="prefix-2q",
+        dram_high_watermark=watermark,
+        dram_low_watermark=watermark,
+    ) as store:
+        chain = _chain(4, seed=1)  # a prompt of 4 blocks: class 1
+        _put(store, chain)
+        _put(store, _chain(4, seed=2))
+        ssd_policy = store._tiering.ssd_policy
+        demoted = [k for k in chain if k in ssd_policy._chains]
+        assert demoted
+        assert {k: ssd_policy._prompt_class.get(k) for k in demoted} == dict.fromkeys(demoted, 1)
+        store.check_integrity()
