@@ -45,6 +45,11 @@ def _put(store: Store, keys: list[bytes]) -> None:
     store.check_integrity()
 
 
+def _prefix_2q_store(path: Path, **kw) -> Store:
+    """4 DRAM and 8 SSD blocks, prefix-2q on both tiers."""
+    return _make_store(path, 4, 8, policy="prefix-2q", ssd_policy="prefix-2q", **kw)
+
+
 def _tier(store: Store, name: str):
     return next(t for t in store.stats().tiers if t.name == name)
 
@@ -169,12 +174,8 @@ def test_watermarks_are_validated(tmp_path):
 
 def test_a_block_reused_in_dram_stays_protected_on_ssd(tmp_path):
     """Its DRAM hits follow a block to SSD: there it outlives blocks demoted unread."""
-    with _make_store(
+    with _prefix_2q_store(
         tmp_path / "ssd",
-        dram_blocks=4,
-        ssd_blocks=8,
-        policy="prefix-2q",
-        ssd_policy="prefix-2q",
         dram_high_watermark=1.0,
         dram_low_watermark=1.0,
         ssd_high_watermark=1.0,
@@ -197,14 +198,8 @@ def test_a_block_reused_in_dram_stays_protected_on_ssd(tmp_path):
 
 def test_a_chain_demoted_tail_first_keeps_its_links_on_ssd(tmp_path):
     """The SSD policy gets a chain's blocks tail first, and still sees one chain."""
-    with _make_store(
-        tmp_path / "ssd",
-        dram_blocks=4,
-        ssd_blocks=8,
-        policy="prefix-2q",
-        ssd_policy="prefix-2q",
-        dram_high_watermark=1.0,
-        dram_low_watermark=1.0,
+    with _prefix_2q_store(
+        tmp_path / "ssd", dram_high_watermark=1.0, dram_low_watermark=1.0
     ) as store:
         chain = _chain(4, seed=1)
         _put(store, chain)
@@ -217,14 +212,8 @@ def test_a_chain_demoted_tail_first_keeps_its_links_on_ssd(tmp_path):
 
 def test_promoted_blocks_do_not_count_as_new_blocks_coming_back(tmp_path):
     """Near ends are measured on blocks new to the store; one read back from SSD is not."""
-    with _make_store(
-        tmp_path / "ssd",
-        dram_blocks=4,
-        ssd_blocks=8,
-        policy="prefix-2q",
-        ssd_policy="prefix-2q",
-        dram_high_watermark=1.0,
-        dram_low_watermark=1.0,
+    with _prefix_2q_store(
+        tmp_path / "ssd", dram_high_watermark=1.0, dram_low_watermark=1.0
     ) as store:
         chain = _chain(4, seed=1)
         _put(store, chain)
@@ -241,14 +230,8 @@ def test_promoted_blocks_do_not_count_as_new_blocks_coming_back(tmp_path):
 def test_a_block_demoted_unread_keeps_its_prompt_class_on_ssd(tmp_path, watermark):
     """The DRAM policy hands what it knew of a demoted block to the SSD policy, on both
     write paths: inline on eviction (watermarks 1.0) and the demotion pass (below 1.0)."""
-    with _make_store(
-        tmp_path / "ssd",
-        dram_blocks=4,
-        ssd_blocks=8,
-        policy="prefix-2q",
-        ssd_policy="prefix-2q",
-        dram_high_watermark=watermark,
-        dram_low_watermark=watermark,
+    with _prefix_2q_store(
+        tmp_path / "ssd", dram_high_watermark=watermark, dram_low_watermark=watermark
     ) as store:
         chain = _chain(4, seed=1)  # a prompt of 4 blocks: class 1
         _put(store, chain)
