@@ -426,12 +426,13 @@ class Prefix2QPolicy(EvictionPolicy):
 
         def waited(waiting: Iterable[bytes], speed: float) -> Iterator[tuple[float, bytes]]:
             for k in waiting:  # oldest first: longest waited first
-                if self._distance.get(k) not in near and self._chains.is_tail(k):
-                    yield (self._clock - self._probation[k]) * speed, k
+                yield (self._clock - self._probation[k]) * speed, k
 
         speeds = self.waiting_speeds()
         queues = [waited(w, speed) for w, speed in zip(self._waiting, speeds, strict=True)]
-        yield from (k for _, k in heapq.merge(*queues, key=itemgetter(0), reverse=True))
+        for _, k in heapq.merge(*queues, key=itemgetter(0), reverse=True):
+            if self._distance.get(k) not in near and self._chains.is_tail(k):
+                yield k
         yield from (k for k in self._protected if self._chains.is_tail(k))
 
     def should_demote(self, key: bytes) -> bool:
