@@ -246,14 +246,16 @@ class DataPlaneInfoRequest(_message.Message):
     def __init__(self, transport: _Optional[str] = ..., client_address: _Optional[bytes] = ...) -> None: ...
 
 class DataPlaneInfoResponse(_message.Message):
-    __slots__ = ("transport", "server_address", "client_id")
+    __slots__ = ("transport", "server_address", "client_id", "connection_secret")
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     SERVER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    CONNECTION_SECRET_FIELD_NUMBER: _ClassVar[int]
     transport: str
     server_address: bytes
     client_id: int
-    def __init__(self, transport: _Optional[str] = ..., server_address: _Optional[bytes] = ..., client_id: _Optional[int] = ...) -> None: ...
+    connection_secret: bytes
+    def __init__(self, transport: _Optional[str] = ..., server_address: _Optional[bytes] = ..., client_id: _Optional[int] = ..., connection_secret: _Optional[bytes] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("prompt_token_ids", "max_tokens", "temperature", "seed", "stop_token_ids", "return_logits")
