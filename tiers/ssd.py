@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 
 import lmdb
 
+from kvstore import failpoints
 from tiers.base import PersistentTier, Record, RecordHeader, TierStats
 
 log = logging.getLogger("kvstore.tiers.ssd")
@@ -84,6 +85,7 @@ class SsdTier(PersistentTier):
                 txn.delete(key)
             for rec in records:
                 txn.put(key=rec.key, value=encode_header(rec.header) + rec.payload)
+            failpoints.hit("ssd_write_in_txn")
         with self._accounting:
             for key in delete:
                 self._used_bytes -= self._sizes.pop(key, 0)
