@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         write_json(rows, args.json)
     if getattr(args, "plot", None) is not None:
         spec.plot(rows, args.plot)
-    return 0
+    return spec.exit_status(rows)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """The one registry of benchmark suites, and the options every suite receives.
 
-A suite is a module with ``run(options: SuiteOptions) -> list[Row]`` and, when it draws a
-picture, ``plot(rows: list[Row], path: Path) -> None``. Modules are imported only when their
-suite runs, so a suite's heavy dependencies (UCX, torch, Redis) never slow down another's.
+A suite is a module with ``run(options: SuiteOptions) -> list[Row]``, when it draws a
+picture ``plot(rows: list[Row], path: Path) -> None``, and when its rows can fail the run
+``exit_status(rows: list[Row]) -> int``. Modules are imported only when their suite runs,
+so a suite's heavy dependencies (UCX, torch, Redis) never slow down another's.
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ class SuiteSpec:
         """Imports the suite's module and runs it; returns one dict per table row."""
         run: Callable[[SuiteOptions], list[Row]] = importlib.import_module(self.module).run
         return run(options)
+
+    def exit_status(self, rows: list[Row]) -> int:
+        """The suite's verdict on `rows` (its module's ``exit_status``); 0 when it has none."""
+        verdict = getattr(importlib.import_module(self.module), "exit_status", None)
+        return 0 if verdict is None else int(verdict(rows))
 
     def plot(self, rows: list[Row], path: Path) -> None:
         """Writes the suite's PNG of `rows` to `path`."""
