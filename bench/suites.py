@@ -86,6 +86,13 @@ _SPECS = (
         "ucxx, Redis and Mooncake Store",
     ),
     SuiteSpec(
+        "load",
+        "bench.load",
+        "N client processes against one store with less DRAM than the working set: mixed "
+        "match/get/put/remove over UCX and gRPC, every read verified; ops/s, latency, server "
+        "RSS and fds",
+    ),
+    SuiteSpec(
         "prefix",
         "bench.prefix",
         "TTFT/TPOT of real engine processes: recompute vs engine-local prefix cache vs "

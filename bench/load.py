@@ -1,0 +1,286 @@
+"""Suite `load`: many client processes against one real store node, every read verified.
+
+`kvstore-bench load --clients N --seconds T` starts `kvstore serve` on a free loopback port
+with less DRAM than the working set, then N spawned client processes (`bench.load_worker`),
+each running a mixed loop of match, get and put over the data plane (UCX where both ends
+have it), get and put over the gRPC byte path, and remove. Puts hit keys already present,
+gets hit keys evicted or removed, and every found block is checked byte for byte.
+
+Before the timed loop, each client puts its share of the working set (DRAM fills up and
+evicts), then the same loop runs untimed for `warm_up_s`, so the server's allocators and
+connections reach their level under this load. The row: ops/s and latency percentiles of
+the timed loop; errors (exceptions, by class), corrupted and verified bytes of every op; the
+server's RSS and open fds at the start and the end of the timed loop, every client connected
+both times, so growth between them is what the load leaks. A second table gives the figures
+per op. Exit status 1 when any byte was corrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import queue
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from bench.load_server import ServerProcess, serve
+from bench.load_worker import Channels, LoadConfig, WorkerResult, run_worker
+from bench.options import extra_of
+from bench.report import Row, print_table
+from bench.suites import SuiteOptions
+from kvstore.client import Client
+
+FULL = LoadConfig(num_clients=32, seconds=60.0)
+QUICK = LoadConfig(num_clients=4, seconds=5.0, warm_up_s=1.0, dram_bytes=16 << 20, num_prompts=64)
+READY_TIMEOUT_S = 300.0  # 32 spawns and their warm-up puts on 2 cores
+REPORT_TIMEOUT_S = 120.0
+COUNTS = (
+    "corrupted", "verified_bytes", "blocks_found", "blocks_missed", "blocks_present",
+    "blocks_stored",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The server's resident bytes and open fds at one moment."""
+
+    rss_bytes: int
+    num_fds: int
+
+    @classmethod
+    def of(cls, server: ServerProcess) -> Snapshot:
+        return cls(server.rss_bytes(), server.num_fds())
+
+
+@dataclass(frozen=True)
+class LoadRun:
+    """Everything one run measured."""
+
+    config: LoadConfig
+    results: list[WorkerResult]
+    lost_workers: dict[int, int | None]  # index -> exit code of workers that never reported
+    elapsed_s: float
+    start: Snapshot
+    end: Snapshot
+    evictions: int
+    transport: str
+    server_exit_code: int | None = None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--clients", type=int, metavar="N", help="client processes (32)")
+    parser.add_argument("--seconds", type=float, metavar="T", help="timed loop length (60)")
+
+
+def _config(options: SuiteOptions) -> LoadConfig:
+    base = QUICK if options.quick else FULL
+    extra = extra_of(options)
+    clients = extra.get("clients") or base.num_clients
+    seconds = extra.get("seconds") or base.seconds
+    return replace(base, num_clients=clients, seconds=seconds)
+
+
+def _server_flags(config: LoadConfig) -> list[str]:
+    return [
+        "--dram-bytes", str(config.dram_bytes), "--slab-bytes", str(config.slab_bytes),
+        "--dataplane", "auto",
+    ]  # fmt: skip
+
+
+# -- driving the workers -----------------------------------------------------------------
+
+
+def _spawn_workers(config: LoadConfig, address: str) -> tuple[list[Any], Channels]:
+    ctx = mp.get_context("spawn")
+    channels = Channels(
+        ctx.Queue(), ctx.Queue(), ctx.Event(), ctx.Event(), ctx.Event(), ctx.Event(),
+        ctx.RawArray("q", 2 * config.num_clients),
+    )  # fmt: skip
+    procs = [
+        ctx.Process(target=run_worker, args=(config, i, address, channels), daemon=True)
+        for i in range(config.num_clients)
+    ]
+    for proc in procs:
+        proc.start()
+    return procs, channels
+
+
+def _gather(procs: list[Any], q: Any, timeout_s: float, what: str) -> dict[int, Any]:
+    """Items from `q` until every live worker sent one (items are indices or results)."""
+    got: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(got) < len(procs):
+        try:
+            item = q.get(timeout=0.5)
+            got[item if isinstance(item, int) else item.index] = item
+        except queue.Empty:
+            if all(not p.is_alive() for i, p in enumerate(procs) if i not in got):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{len(procs) - len(got)} workers not {what} after {timeout_s} s"
+                ) from None
+    return got
+
+
+def _phase(progress: Progress, title: str, seconds: float, live: Callable[[], dict]) -> None:
+    """Shows a bar for `seconds` with live figures while the workers run."""
+    task = progress.add_task(title, total=seconds or 1, **live())
+    start = time.monotonic()
+    while (elapsed := time.monotonic() - start) < seconds:
+        progress.update(task, completed=elapsed, **live())
+        time.sleep(min(0.25, seconds - elapsed))
+    progress.update(task, completed=seconds or 1, **live())
+
+
+def _run_phases(
+    config: LoadConfig, channels: Channels, server: ServerProcess
+) -> tuple[float, Snapshot, Snapshot]:
+    """Warm-up, then the timed loop, both under the same load; returns the timed loop's
+    seconds and the server's footprint at its start and its end."""
+    counters = channels.counters
+
+    def live() -> dict:
+        ops, errs = sum(counters[0::2]), sum(counters[1::2])
+        return {"ops": ops, "errors": errs, "rss_mib": server.rss_bytes() >> 20}
+
+    columns = (
+        TextColumn("[progress.description]{task.description}"), BarColumn(),
+        TextColumn("{task.fields[ops]:,} ops, {task.fields[errors]} errors, server RSS "
+                   "{task.fields[rss_mib]:,} MiB"), TimeElapsedColumn(),
+    )  # fmt: skip
+    with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
+        channels.go.set()
+        _phase(progress, "warm-up", config.warm_up_s, live)
+        start = Snapshot.of(server)
+        channels.timed.set()
+        began = time.monotonic()
+        _phase(progress, f"load: {config.num_clients} clients", config.seconds, live)
+        end = Snapshot.of(server)
+        channels.stop.set()
+        return time.monotonic() - began, start, end
+
+
+def _drive(config: LoadConfig, server: ServerProcess) -> LoadRun:
+    with Client(server.address, timeout_s=config.timeout_s, transport="grpc") as admin:
+        procs, channels = _spawn_workers(config, server.address)
+        try:
+            ready = _gather(procs, channels.ready, READY_TIMEOUT_S, "filled")
+            elapsed_s, start, end = _run_phases(config, channels, server)
+            results = _gather(procs, channels.results, REPORT_TIMEOUT_S, "reporting")
+            evictions = admin.stats().evictions
+        finally:
+            for event in (channels.go, channels.timed, channels.stop, channels.release):
+                event.set()
+            for proc in procs:
+                proc.join(timeout=30)
+                if proc.is_alive():
+                    proc.kill()
+    lost = {i: p.exitcode for i, p in enumerate(procs) if i not in results or i not in ready}
+    transport = _transport_of(list(results.values()))
+    return LoadRun(
+        config, list(results.values()), lost, elapsed_s, start, end, evictions, transport
+    )
+
+
+def _transport_of(results: list[WorkerResult]) -> str:
+    names = {op.rsplit("-", 1)[1] for r in results for op in r.latencies_s if op.startswith("put-")}
+    return "ucx" if "ucx" in names else "grpc"
+
+
+# -- rows --------------------------------------------------------------------------------
+
+
+def _percentiles_ms(latencies_s: np.ndarray) -> dict[str, float | None]:
+    if latencies_s.size == 0:
+        return {"p50_ms": None, "p99_ms": None, "p999_ms": None}
+    p50, p99, p999 = np.percentile(latencies_s, [50, 99, 99.9]) * 1e3
+    return {"p50_ms": float(p50), "p99_ms": float(p99), "p999_ms": float(p999)}
+
+
+def _latencies(run: LoadRun, op: str | None = None) -> np.ndarray:
+    arrays = [a for r in run.results for k, a in r.latencies_s.items() if op in (None, k)]
+    return np.concatenate(arrays) if arrays else np.empty(0)
+
+
+def _errors(run: LoadRun) -> Counter[str]:
+    errors: Counter[str] = Counter()
+    for r in run.results:
+        errors.update(r.errors)
+    errors.update({"WorkerLost": len(run.lost_workers)} if run.lost_workers else {})
+    return errors
+
+
+def summary_row(run: LoadRun) -> Row:
+    """The one row of the run: throughput, latency, errors, integrity, server footprint."""
+    latencies = _latencies(run)
+    errors = _errors(run)
+    total = {f: sum(getattr(r, f) for r in run.results) for f in COUNTS}
+    return {
+        "clients": run.config.num_clients,
+        "seconds": round(run.elapsed_s, 2),
+        "transport": run.transport,
+        "ops": int(latencies.size),
+        "ops_per_s": latencies.size / run.elapsed_s,
+        **_percentiles_ms(latencies),
+        "errors": errors.total(),
+        "error_classes": " ".join(f"{k}={v}" for k, v in sorted(errors.items())),
+        **total,
+        "evictions": run.evictions,
+        "rss_start_bytes": run.start.rss_bytes,
+        "rss_end_bytes": run.end.rss_bytes,
+        "fds_start": run.start.num_fds,
+        "fds_end": run.end.num_fds,
+        "server_exit_code": run.server_exit_code,
+    }
+
+
+def op_rows(run: LoadRun) -> list[Row]:
+    """One row per op kind, then all ops together."""
+    ops = sorted({k for r in run.results for k in r.latencies_s})
+    rows = []
+    for op in [*ops, None]:
+        latencies = _latencies(run, op)
+        rows.append(
+            {"op": op or "all", "ops": int(latencies.size),
+             "ops_per_s": latencies.size / run.elapsed_s, **_percentiles_ms(latencies)}
+        )  # fmt: skip
+    return rows
+
+
+def _error_rows(run: LoadRun) -> list[Row]:
+    samples: dict[str, str] = {}
+    for r in run.results:
+        for name, text in r.error_samples.items():
+            samples.setdefault(name, text)
+    for index, code in run.lost_workers.items():
+        samples.setdefault("WorkerLost", f"worker {index} exited {code} without reporting")
+    return [{"error": k, "count": n, "first": samples.get(k, "")} for k, n in _errors(run).items()]
+
+
+def run(options: SuiteOptions) -> list[Row]:
+    """Runs the load; prints the per-op and error tables; returns the one summary row."""
+    config = _config(options)
+    with tempfile.TemporaryDirectory(prefix="kvstore-load-") as tmp:
+        with serve(_server_flags(config), Path(tmp)) as server:
+            result = _drive(config, server)
+        result = replace(result, server_exit_code=server.proc.returncode)
+        if _errors(result):
+            print_table(_error_rows(result), title="load errors (first message of each class)")
+            Console(stderr=True).print(f"server log (tail):\n{server.log_tail()}")
+    print_table(op_rows(result), title="load per op")
+    return [summary_row(result)]
+
+
+def exit_status(rows: list[Row]) -> int:
+    """1 when any verified byte was corrupted, else 0."""
+    return int(any(row["corrupted"] for row in rows))

@@ -1,0 +1,80 @@
+"""`kvstore-bench load`: a short run against a real server verifies every read with no errors;
+corrupted bytes are counted and fail the run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench import load
+from bench.__main__ import build_parser, main
+from bench.load_worker import LoadConfig, Worker, block_payload, prompt_keys
+from bench.suites import SUITES
+
+JSON_KEYS = {
+    "clients", "seconds", "ops_per_s", "p50_ms", "p99_ms", "p999_ms", "errors", "corrupted",
+    "verified_bytes", "rss_start_bytes", "rss_end_bytes", "fds_start", "fds_end",
+}  # fmt: skip
+SMALL = LoadConfig(num_clients=1, seconds=1.0, dram_bytes=1 << 20, num_prompts=4)
+
+
+def test_short_run_verifies_every_read_without_errors(tmp_path: Path) -> None:
+    out = tmp_path / "load.json"
+    argv = ["load", "--quick", "--clients", "2", "--seconds", "3", "--json", str(out)]
+    assert main(argv) == 0
+    [row] = json.loads(out.read_text())
+    assert set(row) >= JSON_KEYS
+    assert (row["clients"], row["errors"], row["corrupted"]) == (2, 0, 0), row["error_classes"]
+    assert row["verified_bytes"] > 0 and row["ops_per_s"] > 0
+    assert row["p50_ms"] <= row["p99_ms"] <= row["p999_ms"]
+    # The shape: DRAM evicts, gets ask for missing keys, puts send keys already present.
+    assert row["evictions"] > 0 and row["blocks_missed"] > 0 and row["blocks_present"] > 0
+    assert row["rss_start_bytes"] >= load.QUICK.dram_bytes and row["fds_start"] > 0
+    assert row["server_exit_code"] == 0
+
+
+def test_suite_is_registered_with_its_flags() -> None:
+    assert SUITES["load"].module == "bench.load"
+    args = build_parser("load").parse_args(["load", "--clients", "32", "--seconds", "60"])
+    assert (args.clients, args.seconds, args.quick) == (32, 60.0, False)
+
+
+def test_blocks_are_a_function_of_their_key() -> None:
+    [chain, other, *_] = prompt_keys(SMALL)
+    assert len(chain) == SMALL.prompt_blocks and len(set(chain) | set(other)) == 2 * len(chain)
+    first = block_payload(chain[0], SMALL.block_bytes)
+    assert first.size == SMALL.block_bytes
+    assert np.array_equal(first, block_payload(chain[0], SMALL.block_bytes))
+    assert not np.array_equal(first, block_payload(chain[1], SMALL.block_bytes))
+
+
+def test_corrupted_bytes_are_counted_apart_from_misses() -> None:
+    worker = Worker(SMALL, 0, None, None)  # type: ignore[arg-type]  # _check needs no client
+    key = worker.keys[0][0]
+    good = block_payload(key, SMALL.block_bytes).copy()
+    altered = good.copy()
+    altered[[0, 7, 100]] ^= 0xFF
+    worker._check(key, good)
+    worker._check(key, altered)
+    worker._check(key, good[:-10])  # short: the missing bytes count too
+    worker._check(key, None)
+    result = worker.tally.result(0)
+    assert (result.blocks_found, result.blocks_missed) == (3, 1)
+    assert result.corrupted == 3 + 10
+    assert result.verified_bytes == 3 * SMALL.block_bytes
+    assert result.errors == {}
+
+
+def test_corruption_fails_the_run() -> None:
+    assert load.exit_status([{"corrupted": 0}]) == 0
+    assert load.exit_status([{"corrupted": 5}]) == 1
+    assert SUITES["load"].exit_status([{"corrupted": 5}]) == 1
+    assert SUITES["keys"].exit_status([{"corrupted": 5}]) == 0  # no verdict of its own
+
+
+def test_working_set_must_exceed_dram() -> None:
+    with pytest.raises(ValueError, match="exceed DRAM"):
+        LoadConfig(num_clients=1, seconds=1.0, dram_bytes=1 << 30)
