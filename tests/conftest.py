@@ -2,18 +2,50 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
+from typing import TypeVar
 
 import pytest
 
 from kvstore.client import Client
+
+T = TypeVar("T")
+# The pip extra that brings each optional module (pyproject.toml).
+EXTRAS = {"ucxx": "ucx", "torch": "engine", "safetensors": "engine", "matplotlib": "bench"}
+
+
+def require_extra(module: str) -> ModuleType:
+    """Imports an optional extra's `module`: without it the test is skipped, or fails when
+    KVSTORE_REQUIRE_EXTRAS is set (`make test` sets it, so CI never skips for a missing
+    extra)."""
+    if not os.environ.get("KVSTORE_REQUIRE_EXTRAS"):
+        return pytest.importorskip(module)
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        extra = EXTRAS.get(module, "?")
+        pytest.fail(f"{module} is required here (extra {extra!r}): {exc}", pytrace=False)
+
+
+def wait_until(predicate: Callable[[], T], timeout_s: float, what: str) -> T:
+    """Polls `predicate` until it returns something true, and returns that; fails the test
+    with `what` if it has not within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s} s: {what}")
+        time.sleep(0.02)
+    return value
 
 
 def free_port() -> int:
@@ -29,9 +61,16 @@ class StoreProcess:
     proc: subprocess.Popen
     address: str
     log_path: Path
+    is_killed: bool = False
 
     def log(self) -> str:
         return self.log_path.read_text()
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would; waits until the process is gone."""
+        self.is_killed = True
+        self.proc.kill()
+        self.proc.wait(timeout=30)
 
     def stop(self, timeout_s: float = 30.0) -> int:
         """SIGTERM, then wait for the drain; returns the exit code."""
@@ -44,13 +83,18 @@ class StoreProcess:
             raise
 
 
-def start_store(tmp_path: Path, *args: str) -> StoreProcess:
-    """Starts `kvstore serve ARGS` on a free port and waits until it answers health checks."""
+def start_store(tmp_path: Path, *args: str, env: Mapping[str, str] | None = None) -> StoreProcess:
+    """Starts `kvstore serve ARGS` on a free port and waits until it answers health checks.
+
+    `env`: variables to set for the process, over this one's environment.
+    """
     port = free_port()
     log_path = tmp_path / f"store-{port}.log"
     cmd = [sys.executable, "-m", "kvstore.cli", "serve", "--port", str(port), *args]
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
     store = StoreProcess(proc, f"127.0.0.1:{port}", log_path)
     with Client(store.address, timeout_s=5.0) as client:
         try:
@@ -64,17 +108,31 @@ def start_store(tmp_path: Path, *args: str) -> StoreProcess:
 
 @pytest.fixture
 def store_factory(tmp_path: Path) -> Iterator[Callable[..., StoreProcess]]:
-    """Starts stores with the given `kvstore serve` flags; stops them all at teardown."""
+    """Starts stores with the given `kvstore serve` flags (and `env=`); stops them all at
+    teardown, where each must exit 0 unless the test killed it."""
     started: list[StoreProcess] = []
 
-    def factory(*args: str) -> StoreProcess:
-        started.append(start_store(tmp_path, *args))
+    def factory(*args: str, env: Mapping[str, str] | None = None) -> StoreProcess:
+        started.append(start_store(tmp_path, *args, env=env))
         return started[-1]
 
     yield factory
     for store in started:
         code = store.stop()
-        assert code == 0, f"store exited {code}:\n{store.log()}"
+        assert store.is_killed or code == 0, f"store exited {code}:\n{store.log()}"
+
+
+def cli_stats(address: str) -> dict[str, str]:
+    """The counters `kvstore stats` prints (`name=value` lines; the per-tier lines are keyed
+    `tier.<name>.<field>`)."""
+    cmd = [sys.executable, "-m", "kvstore.cli", "stats", "--address", address]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=60).stdout
+    counters: dict[str, str] = {}
+    for line in out.splitlines():
+        fields = dict(field.split("=", 1) for field in line.split())
+        tier = fields.pop("tier", None)
+        counters.update({f"tier.{tier}.{k}" if tier else k: v for k, v in fields.items()})
+    return counters
 
 
 @pytest.fixture
