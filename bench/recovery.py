@@ -17,6 +17,7 @@ import lmdb
 from bench.report import Row, progress_bar
 from bench.suites import SuiteOptions
 from kvstore.checksum import checksum
+from kvstore.index import block_id
 from kvstore.keys import KVLayout, Namespace
 from kvstore.store import Store, StoreConfig
 from tiers.base import Record, RecordHeader
@@ -42,7 +43,7 @@ def _fill(path: str, num_blocks: int) -> float:
                 key = hashlib.blake2b(seq.to_bytes(8, "little"), digest_size=32).digest()
                 parent = None if seq % CHAIN_LEN == 0 else parent
                 header = RecordHeader(NS.id, parent, crc, NS.block_bytes, seq + 1)
-                records.append(Record(key, header, payload))
+                records.append(Record(block_id(NS.id, key), header, payload))
                 parent = key
             tier.write(records)
             advance(len(records))

@@ -31,7 +31,7 @@ class HbmCache:
         self.tier = tier
         self.policy = policy
         self.counters = counters
-        self._entries: dict[bytes, Entry] = {}  # blocks with a device copy
+        self._entries: dict[bytes, Entry] = {}  # block id -> block with a device copy
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -59,8 +59,8 @@ class HbmCache:
                 break
             self.tier.write_from(slot, view)
             entry.hbm_slot = slot
-            self._entries[entry.key] = entry
-            self.policy.insert(entry.key, entry.parent, moved=True)
+            self._entries[entry.block_id] = entry
+            self.policy.insert(entry.block_id, entry.parent_id, moved=True)
             self.counters.bytes_written += entry.nbytes
             num_copied += 1
         if num_copied:
@@ -75,8 +75,8 @@ class HbmCache:
         when its last lease ends."""
         if entry.hbm_slot is None:
             return
-        del self._entries[entry.key]
-        self.policy.remove(entry.key)
+        del self._entries[entry.block_id]
+        self.policy.remove(entry.block_id)
         if entry.num_leases == 0:
             self.tier.free(entry.hbm_slot)
         else:

@@ -1,12 +1,33 @@
-"""The block index: key -> entry (tier, slot, size, checksum, state, leases); prefix match."""
+"""The block index: block id -> entry (tier, slot, size, checksum, state, leases); prefix match.
+
+A block is identified by its namespace and its key together: its *block id* is
+`namespace_id + key` (64 bytes). The index, the policies, the HBM cache and the SSD records
+all go by block id, so the same key in two namespaces is two unrelated blocks, and nothing
+about one namespace's blocks shows through another's.
+"""
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from kvstore.keys import KEY_BYTES
 from tiers.base import Slot
+
+BLOCK_ID_BYTES = 2 * KEY_BYTES
+
+
+def block_id(namespace_id: bytes, key: bytes) -> bytes:
+    """The store-wide identity of block `key` of namespace `namespace_id`."""
+    return namespace_id + key
+
+
+def split_block_id(bid: bytes) -> tuple[bytes, bytes]:
+    """`(namespace_id, key)` of a block id; empty parts for something of the wrong size."""
+    if len(bid) != BLOCK_ID_BYTES:
+        return b"", b""
+    return bid[:KEY_BYTES], bid[KEY_BYTES:]
 
 
 class BlockState(enum.Enum):
@@ -38,6 +59,12 @@ class Entry:
     num_hits: int = 0  # reads since commit, in any tier
     hbm_slot: Slot | None = None  # device copy of the DRAM block (HBM is inclusive of DRAM)
     stale_hbm_slot: Slot | None = None  # device copy dropped while leased
+    block_id: bytes = field(init=False)  # namespace_id + key: what index and policies use
+    parent_id: bytes | None = field(init=False)  # the parent's block id
+
+    def __post_init__(self) -> None:
+        self.block_id = block_id(self.namespace_id, self.key)
+        self.parent_id = None if self.parent is None else block_id(self.namespace_id, self.parent)
 
     @property
     def tier(self) -> str:
@@ -56,7 +83,7 @@ class Entry:
 
 
 class BlockIndex:
-    """All entries of one store node, reserved and committed."""
+    """All entries of one store node, reserved and committed, by block id."""
 
     def __init__(self) -> None:
         self._entries: dict[bytes, Entry] = {}
@@ -64,26 +91,26 @@ class BlockIndex:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def __contains__(self, key: bytes) -> bool:
-        return key in self._entries
+    def __contains__(self, bid: bytes) -> bool:
+        return bid in self._entries
 
     def __iter__(self) -> Iterator[Entry]:
         return iter(self._entries.values())
 
-    def get(self, key: bytes) -> Entry | None:
-        return self._entries.get(key)
+    def get(self, bid: bytes) -> Entry | None:
+        return self._entries.get(bid)
 
     def add(self, entry: Entry) -> None:
-        assert entry.key not in self._entries, "key already indexed"
-        self._entries[entry.key] = entry
+        assert entry.block_id not in self._entries, "block already indexed"
+        self._entries[entry.block_id] = entry
 
-    def pop(self, key: bytes) -> Entry:
-        return self._entries.pop(key)
+    def pop(self, bid: bytes) -> Entry:
+        return self._entries.pop(bid)
 
     def readable(self, namespace_id: bytes, key: bytes) -> Entry | None:
         """The committed entry for `key` in `namespace_id`, or None."""
-        entry = self._entries.get(key)
-        if entry is None or not entry.is_readable or entry.namespace_id != namespace_id:
+        entry = self._entries.get(block_id(namespace_id, key))
+        if entry is None or not entry.is_readable:
             return None
         return entry
 

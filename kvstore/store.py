@@ -17,7 +17,7 @@ from typing import Any
 
 from kvstore import errors
 from kvstore.checksum import checksum
-from kvstore.index import BlockIndex, BlockState, Entry
+from kvstore.index import BlockIndex, BlockState, Entry, block_id
 from kvstore.keys import KEY_BYTES, Namespace
 from kvstore.results import (
     MatchResult,
@@ -78,7 +78,7 @@ class Lease:
 
 @dataclass
 class Store:
-    """One node's blocks in DRAM and, when configured, on SSD, indexed by key.
+    """One node's blocks in DRAM and, when configured, on SSD, by namespace and key.
 
     With an SSD tier, a store opened on an existing `ssd_path` serves every block that was
     written there before, and the namespaces registered then. Call `close` when done.
@@ -224,10 +224,11 @@ class Store:
             self.expire()
             self._check_keys(namespace_id, keys)
             parents = self._check_parents(keys, parents)
-            statuses = [self._put_status(k) for k in keys]
+            statuses = [self._put_status(namespace_id, k) for k in keys]
             todo = [i for i, s in enumerate(statuses) if s is PutStatus.RESERVED]
             block_bytes = self._namespaces[namespace_id].block_bytes
-            self._tiering.touch([e for p in parents if p and (e := self._index.get(p))])
+            parent_entries = [self._index.readable(namespace_id, p) for p in parents if p]
+            self._tiering.touch([e for e in parent_entries if e is not None])
             slots = self._tiering.allocate(block_bytes, len(todo))
             entries = {
                 i: Entry(keys[i], namespace_id, parents[i], block_bytes, slot)
@@ -400,7 +401,7 @@ class Store:
                 assert len(on_hbm) == len(t.hbm) == len(t.hbm.policy), "HBM policy and entries"
                 stale_hbm = {id(e) for e in leased if e.stale_hbm_slot is not None}
                 assert t.hbm.tier.stats().num_slots == len(on_hbm) + len(stale_hbm), "HBM slots"
-            both = {e.key for e in committed if e.slot is not None and e.on_ssd}
+            both = {e.block_id for e in committed if e.slot is not None and e.on_ssd}
             assert set(t._redundant) == both, "redundant copies are mistracked"
             for entry in self._index:
                 live = sum(e is entry for e in leased)
@@ -433,8 +434,8 @@ class Store:
             raise errors.BadKeyError(f"parent keys must be {KEY_BYTES} bytes")
         return list(parents)
 
-    def _put_status(self, key: bytes) -> PutStatus:
-        entry = self._index.get(key)
+    def _put_status(self, namespace_id: bytes, key: bytes) -> PutStatus:
+        entry = self._index.get(block_id(namespace_id, key))
         if entry is None:
             return PutStatus.RESERVED
         return PutStatus.PRESENT if entry.is_readable else PutStatus.IN_FLIGHT
@@ -448,7 +449,7 @@ class Store:
 
     def _drop_reservation(self, res: _Reservation) -> None:
         for entry in res.entries.values():
-            self._index.pop(entry.key)
+            self._index.pop(entry.block_id)
             assert entry.slot is not None
             self._tiering.dram.free(entry.slot)
 

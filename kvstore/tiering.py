@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 from kvstore import errors
 from kvstore.checksum import checksum
 from kvstore.hbm_cache import HbmCache
-from kvstore.index import BlockIndex, BlockState, Entry
+from kvstore.index import BlockIndex, BlockState, Entry, block_id, split_block_id
+from kvstore.keys import KEY_BYTES
 from kvstore.policy import BlockHint, make_policy
 from kvstore.results import TierUsage
 from tiers.base import Record, RecordHeader, Slot
@@ -123,9 +124,9 @@ class Tiering:
             raise errors.StoreFullError(
                 f"no evictable block for {nbytes} bytes: DRAM is leased or reserved"
             )
-        is_worth_writing = self.ssd is not None and self.dram_policy.should_demote(victim.key)
+        is_worth_writing = self.ssd is not None and self.dram_policy.should_demote(victim.block_id)
         if not victim.on_ssd and is_worth_writing:
-            self._write_out([victim], {victim.key: self.dram_policy.hint(victim.key)})
+            self._write_out([victim], {victim.block_id: self.dram_policy.hint(victim.block_id)})
         self._evict_now(victim)
 
     def _dram_victim(self, nbytes: int | None) -> Entry | None:
@@ -148,8 +149,8 @@ class Tiering:
         assert entry.slot is not None
         if self.hbm is not None:
             self.hbm.forget(entry)
-        self._redundant.pop(entry.key, None)
-        self.dram_policy.remove(entry.key)
+        self._redundant.pop(entry.block_id, None)
+        self.dram_policy.remove(entry.block_id)
         if entry.num_leases == 0:
             self.dram.free(entry.slot)
         else:
@@ -163,7 +164,7 @@ class Tiering:
         for entry in entries:
             self._seq += 1
             entry.seq = self._seq
-            self.dram_policy.insert(entry.key, entry.parent)
+            self.dram_policy.insert(entry.block_id, entry.parent_id)
             self.counters.tiers["dram"].bytes_written += entry.nbytes
         if self.ssd is not None and self._is_dram_over(self.config.dram_high_watermark):
             if self._demoter is None:
@@ -175,8 +176,8 @@ class Tiering:
         """Records hits, in chain order, with each tier's policy."""
         for entry in entries:
             entry.num_hits += 1
-        self.dram_policy.touch([e.key for e in entries if e.slot is not None])
-        self.ssd_policy.touch([e.key for e in entries if e.on_ssd])
+        self.dram_policy.touch([e.block_id for e in entries if e.slot is not None])
+        self.ssd_policy.touch([e.block_id for e in entries if e.on_ssd])
         if self.hbm is not None:
             self.hbm.touch(entries)
 
@@ -214,7 +215,7 @@ class Tiering:
         finally:
             entry.num_leases -= 1
         view = self.dram.view(slot) if slot is not None else memoryview(bytearray(entry.nbytes))
-        header = self.ssd.read_into(entry.key, view)
+        header = self.ssd.read_into(entry.block_id, view)
         if header is None or checksum(view) != entry.checksum:
             if slot is not None:
                 self.dram.free(slot)
@@ -222,8 +223,8 @@ class Tiering:
             return None
         if slot is not None:
             entry.slot = slot
-            self._redundant[entry.key] = entry
-            self.dram_policy.insert(entry.key, entry.parent, moved=True)
+            self._redundant[entry.block_id] = entry
+            self.dram_policy.insert(entry.block_id, entry.parent_id, moved=True)
             self.counters.promotions += 1
             self.counters.tiers["dram"].bytes_written += entry.nbytes
         return view
@@ -235,13 +236,13 @@ class Tiering:
 
     def drop(self, entry: Entry) -> None:
         """Removes a committed entry from every tier; a leased DRAM slot is freed later."""
-        self.index.pop(entry.key)
+        self.index.pop(entry.block_id)
         if entry.slot is not None:
             self._free_dram(entry)
         if entry.on_ssd:
             assert self.ssd is not None
-            self.ssd_policy.remove(entry.key)
-            self.ssd.write([], delete=[entry.key])
+            self.ssd_policy.remove(entry.block_id)
+            self.ssd.write([], delete=[entry.block_id])
             entry.on_ssd = False
 
     def end_lease(self, entry: Entry) -> None:
@@ -282,14 +283,16 @@ class Tiering:
             for entry in to_write:
                 entry.is_demoting = False
                 self.end_lease(entry)
-            written = [e for e in to_write if self.index.get(e.key) is e]
-            removed = [e.key for e in to_write if e not in written and not self._is_on_ssd(e.key)]
+            written = [e for e in to_write if self.index.get(e.block_id) is e]
+            removed = [
+                e.block_id for e in to_write if e not in written and not self._is_on_ssd(e.block_id)
+            ]
             if removed:  # removed while being written: their records must not outlive them
                 assert self.ssd is not None
                 self.ssd.write([], delete=removed)
             self._finish_write(written, hints)
             for entry in written:
-                self.dram_policy.insert(entry.key, entry.parent, moved=True)
+                self.dram_policy.insert(entry.block_id, entry.parent_id, moved=True)
                 if entry.is_evictable:
                     self._free_dram(entry)
             self.counters.evictions += len(written)
@@ -310,12 +313,12 @@ class Tiering:
         num_freed = 0
         while excess > 0 and (victim := self._dram_victim(None)) is not None:
             excess -= victim.nbytes
-            if victim.on_ssd or not self.dram_policy.should_demote(victim.key):
+            if victim.on_ssd or not self.dram_policy.should_demote(victim.block_id):
                 self._evict_now(victim)
                 num_freed += 1
                 continue
-            hints[victim.key] = self.dram_policy.hint(victim.key)
-            self.dram_policy.remove(victim.key)
+            hints[victim.block_id] = self.dram_policy.hint(victim.block_id)
+            self.dram_policy.remove(victim.block_id)
             victim.is_demoting = True
             victim.num_leases += 1
             to_write.append(victim)
@@ -346,7 +349,7 @@ class Tiering:
         for e in entries:
             assert e.slot is not None
             header = RecordHeader(e.namespace_id, e.parent, e.checksum, e.nbytes, e.seq)
-            records.append(Record(e.key, header, self.dram.view(e.slot)))
+            records.append(Record(e.block_id, header, self.dram.view(e.slot)))
         return records, delete
 
     def _finish_write(self, entries: list[Entry], hints: Mapping[bytes, BlockHint | None]) -> None:
@@ -354,11 +357,11 @@ class Tiering:
         for entry in entries:
             entry.on_ssd = True
             if entry.slot is not None:
-                self._redundant[entry.key] = entry
-            hint = hints.get(entry.key)
-            self.ssd_policy.insert(entry.key, entry.parent, moved=True, hint=hint)
+                self._redundant[entry.block_id] = entry
+            hint = hints.get(entry.block_id)
+            self.ssd_policy.insert(entry.block_id, entry.parent_id, moved=True, hint=hint)
             if entry.num_hits:  # reused in DRAM: the SSD policy hears of it too
-                self.ssd_policy.touch([entry.key])
+                self.ssd_policy.touch([entry.block_id])
             self.counters.tiers["ssd"].bytes_written += entry.nbytes
         self.counters.demotions += len(entries)
 
@@ -376,7 +379,7 @@ class Tiering:
         while used > target and self._redundant:
             entry = next(iter(self._redundant.values()))
             self._give_up_ssd_copy(entry)
-            delete.append(entry.key)
+            delete.append(entry.block_id)
             used -= entry.nbytes
         while used > target:
             victims = self._ssd_victims(used - target)
@@ -384,7 +387,7 @@ class Tiering:
                 break
             for entry in victims:
                 self._give_up_ssd_copy(entry)
-                delete.append(entry.key)
+                delete.append(entry.block_id)
                 used -= entry.nbytes
         return delete
 
@@ -403,11 +406,11 @@ class Tiering:
 
     def _give_up_ssd_copy(self, entry: Entry) -> None:
         """Forgets the SSD copy (the caller deletes the record); drops a block left nowhere."""
-        self.ssd_policy.remove(entry.key)
-        self._redundant.pop(entry.key, None)
+        self.ssd_policy.remove(entry.block_id)
+        self._redundant.pop(entry.block_id, None)
         entry.on_ssd = False
         if entry.slot is None:
-            self.index.pop(entry.key)
+            self.index.pop(entry.block_id)
             self.counters.drops += 1
 
     def _demote_forever(self) -> None:
@@ -425,27 +428,52 @@ class Tiering:
     # -- lifecycle -----------------------------------------------------------------------
 
     def recover(self) -> int:
-        """Rebuilds the index from SSD records; returns how many blocks were recovered."""
+        """Rebuilds the index from SSD records; returns how many blocks were recovered.
+
+        Records of the format before block ids (keyed by the 32-byte block key, the
+        namespace only in the header) are first moved under their block id, all in one
+        transaction, so a crash midway leaves the old format whole to migrate again.
+        """
         if self.ssd is None:
             return 0
-        good: list[tuple[bytes, RecordHeader]] = []
+        good: dict[bytes, RecordHeader] = {}
+        legacy: dict[bytes, tuple[bytes, RecordHeader]] = {}  # block id -> (old key, header)
         bad: list[bytes] = []
         for key, header in self.ssd.scan():
-            if header is None:
-                bad.append(key)
+            if header is not None and len(key) == KEY_BYTES:
+                legacy[block_id(header.namespace_id, key)] = (key, header)
+            elif header is not None and split_block_id(key)[0] == header.namespace_id:
+                good[key] = header
             else:
-                good.append((key, header))
-        good.sort(key=lambda kh: kh[1].seq)
-        for key, h in good:
-            entry = Entry(key, h.namespace_id, h.parent, h.nbytes, None, BlockState.COMMITTED)
-            entry.checksum, entry.on_ssd, entry.seq = h.checksum, True, h.seq
-            self.index.add(entry)
-            self.ssd_policy.insert(key, h.parent, moved=True)
-        self._seq = good[-1][1].seq if good else 0
+                bad.append(key)
+        self._migrate(good, legacy)
+        for bid, header in sorted(good.items(), key=lambda item: item[1].seq):
+            self._recover_entry(bid, header)
+        self._seq = max((h.seq for h in good.values()), default=0)
         if bad:
             self.ssd.write([], delete=bad)
             self.counters.checksum_failures += len(bad)
         return len(good)
+
+    def _migrate(
+        self, good: dict[bytes, RecordHeader], legacy: dict[bytes, tuple[bytes, RecordHeader]]
+    ) -> None:
+        """Re-keys old-format records by block id (into `good`); one already there wins."""
+        if not legacy:
+            return
+        assert self.ssd is not None
+        duplicates = [key for bid, (key, _) in legacy.items() if bid in good]
+        moves = [(key, bid) for bid, (key, _) in legacy.items() if bid not in good]
+        self.ssd.rekey(moves, delete=duplicates)
+        good.update((bid, header) for bid, (_, header) in legacy.items() if bid not in good)
+        log.info("event=ssd_migrated records=%d duplicates=%d", len(moves), len(duplicates))
+
+    def _recover_entry(self, bid: bytes, h: RecordHeader) -> None:
+        namespace_id, key = split_block_id(bid)
+        entry = Entry(key, namespace_id, h.parent, h.nbytes, None, BlockState.COMMITTED)
+        entry.checksum, entry.on_ssd, entry.seq = h.checksum, True, h.seq
+        self.index.add(entry)
+        self.ssd_policy.insert(bid, entry.parent_id, moved=True)
 
     def close(self) -> None:
         with self.lock:

@@ -50,6 +50,11 @@ def _prefix_2q_store(path: Path, **kw) -> Store:
     return _make_store(path, 4, 8, policy="prefix-2q", ssd_policy="prefix-2q", **kw)
 
 
+def _bid(key: bytes) -> bytes:
+    """The block id that index and policies know `key` of NS by."""
+    return NS.id + key
+
+
 def _tier(store: Store, name: str):
     return next(t for t in store.stats().tiers if t.name == name)
 
@@ -112,7 +117,7 @@ def test_restart_serves_every_block_written_to_ssd(tmp_path):
         for chain in chains:
             _put(store, chain)
         on_ssd = {k for c in chains for k, t in zip(c, store.match(NS.id, c).tiers, strict=False)}
-        on_ssd = {k for k in on_ssd if store._index.get(k).on_ssd}
+        on_ssd = {k for k in on_ssd if store._index.get(_bid(k)).on_ssd}
         assert len(on_ssd) >= 16
     with Store(
         StoreConfig(
@@ -136,7 +141,7 @@ def test_flipped_bytes_on_disk_are_detected_and_never_returned(tmp_path):
     with _make_store(path, dram_blocks=4) as store:
         _put(store, keys[:4])
         _put(store, keys[4:])
-        victims = [k for k in keys if store._index.get(k).on_ssd]
+        victims = [k for k in keys if store._index.get(_bid(k)).on_ssd]
     target = victims[0]
     pattern = _payload(target)[:64]  # the key twice: only ever inside the block's bytes
     data = (path / "data.mdb").read_bytes()
@@ -206,8 +211,9 @@ def test_a_chain_demoted_tail_first_keeps_its_links_on_ssd(tmp_path):
         _put(store, _chain(4, seed=2))  # all 4 demoted, tail first
         assert store.match(NS.id, chain).tiers == ("ssd",) * 4
         ssd_policy = store._tiering.ssd_policy
-        assert list(ssd_policy.candidates()) == [chain[3]]  # its tail only
-        assert ssd_policy._chains._parent == {chain[i + 1]: chain[i] for i in range(3)}
+        assert list(ssd_policy.candidates()) == [_bid(chain[3])]  # its tail only
+        links = {_bid(chain[i + 1]): _bid(chain[i]) for i in range(3)}
+        assert ssd_policy._chains._parent == links
 
 
 def test_promoted_blocks_do_not_count_as_new_blocks_coming_back(tmp_path):
@@ -237,7 +243,7 @@ def test_a_block_demoted_unread_keeps_its_prompt_class_on_ssd(tmp_path, watermar
         _put(store, chain)
         _put(store, _chain(4, seed=2))
         ssd_policy = store._tiering.ssd_policy
-        demoted = [k for k in chain if k in ssd_policy._chains]
+        demoted = [_bid(k) for k in chain if _bid(k) in ssd_policy._chains]
         assert demoted
         assert {k: ssd_policy._prompt_class.get(k) for k in demoted} == dict.fromkeys(demoted, 1)
         store.check_integrity()

@@ -94,6 +94,11 @@ class PersistentTier(Tier):
         """Atomically deletes the keys in `delete`, then stores `records`."""
 
     @abstractmethod
+    def rekey(self, moves: Sequence[tuple[bytes, bytes]], delete: Sequence[bytes] = ()) -> None:
+        """Atomically moves each record of `moves` from its old key to its new key, and
+        deletes the keys in `delete`: all in one transaction (a format migration)."""
+
+    @abstractmethod
     def read_into(self, key: bytes, dest: memoryview) -> RecordHeader | None:
         """Copies the block's bytes into `dest`; None if absent or malformed.
 

@@ -1,5 +1,9 @@
 """SSD tier on LMDB: one record per block, header + bytes, written in batched transactions.
 
+The store keys records by block id (namespace id + key, 64 bytes); the header repeats the
+namespace. Records of the older format, keyed by the 32-byte key alone, are re-keyed once
+at start-up (`rekey`, one transaction).
+
 Durability: each `write` is one LMDB transaction, so a crash never leaves half a batch.
 With `sync=True` a committed transaction survives power loss; with `sync=False` (the
 default, ~3x faster) it survives a process crash (the OS still holds the pages) but the
@@ -92,6 +96,27 @@ class SsdTier(PersistentTier):
             for rec in records:
                 self._used_bytes += rec.header.nbytes - self._sizes.get(rec.key, 0)
                 self._sizes[rec.key] = rec.header.nbytes
+
+    def rekey(self, moves: Sequence[tuple[bytes, bytes]], delete: Sequence[bytes] = ()) -> None:
+        # Old and new copies coexist until the transaction commits: make room for both.
+        with self._accounting:
+            moved_bytes = sum(self._sizes.get(old, 0) + _HEADER.size for old, _ in moves)
+        page_bytes = self._env.stat()["psize"]
+        needed = moved_bytes + 2 * page_bytes * len(moves) + _MAP_HEADROOM
+        self._env.set_mapsize(self._env.info()["map_size"] + needed)
+        with self._env.begin(write=True, db=self._blocks) as txn:
+            for key in delete:
+                txn.delete(key)
+            for old, new in moves:
+                value = txn.get(old)
+                assert value is not None, "rekey of a record that is not there"
+                txn.put(new, value)
+                txn.delete(old)
+        with self._accounting:
+            for key in delete:
+                self._used_bytes -= self._sizes.pop(key, 0)
+            for old, new in moves:
+                self._sizes[new] = self._sizes.pop(old)
 
     def read_into(self, key: bytes, dest: memoryview) -> RecordHeader | None:
         try:
