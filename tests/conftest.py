@@ -15,9 +15,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import TypeVar
 
+import grpc
 import pytest
 
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.client import Client
+from kvstore.client_common import GetAssembler
 
 T = TypeVar("T")
 # The pip extra that brings each optional module (pyproject.toml).
@@ -139,3 +143,17 @@ def cli_stats(address: str) -> dict[str, str]:
 def store(store_factory) -> StoreProcess:
     """A store with 64 MiB of DRAM and a batch limit of 64 keys."""
     return store_factory("--dram-bytes", "64MiB", "--slab-bytes", "4MiB", "--max-batch-keys", "64")
+
+
+def open_get_stream(
+    address: str, namespace_id: bytes, keys: list[bytes]
+) -> tuple[Iterator[pb.GetResponse], GetAssembler]:
+    """A gRPC Get stream read up to its header, and an assembler fed with it: the server
+    holds the lease, and once the stream is past gRPC's flow-control window (a few MiB),
+    waits for the reader. Feed the assembler the rest of the stream to read the blocks."""
+    options = [("grpc.max_receive_message_length", 64 << 20)]
+    stub = pb_grpc.KVStoreStub(grpc.insecure_channel(address, options=options))
+    stream = stub.Get(pb.GetRequest(namespace_id=namespace_id, keys=keys), timeout=120.0)
+    assembler = GetAssembler()
+    assembler.feed(next(stream))
+    return stream, assembler

@@ -22,13 +22,10 @@ import numpy as np
 import pytest
 
 from kvstore import errors
-from kvstore._proto import kvstore_pb2 as pb
-from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.client import Client
-from kvstore.client_common import GetAssembler
 from kvstore.keys import KVLayout, Namespace, block_keys
 from kvstore.results import PutStatus
-from tests.conftest import StoreProcess, cli_stats, wait_until
+from tests.conftest import StoreProcess, cli_stats, open_get_stream, wait_until
 
 NS = Namespace("client-faults", KVLayout("float16", 8, 8, 128, 16))  # 512 KiB blocks
 BLOCK = NS.block_bytes
@@ -39,9 +36,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 _CHILD = """
 import sys
-import grpc
-from kvstore._proto import kvstore_pb2 as pb, kvstore_pb2_grpc as pb_grpc
 from kvstore.client import Client
+from tests.conftest import open_get_stream
 from tests.test_faults_clients import NS, _chain, _payload
 address, mode = sys.argv[1:]
 keys = _chain(8 if mode == "put" else 24, seed=1)
@@ -52,9 +48,7 @@ if mode == "put":
     client.write(res.reservation_id, [(0, _payload(keys[0]))])  # one block of eight
     print("reserved", flush=True)
 else:
-    stub = pb_grpc.KVStoreStub(grpc.insecure_channel(address))
-    stream = stub.Get(pb.GetRequest(namespace_id=NS.id, keys=keys), timeout=60.0)
-    next(stream)  # the header: the server holds the lease and streams no further
+    held = open_get_stream(address, NS.id, keys)  # the server holds the lease and waits
     print("leased", flush=True)
 sys.stdin.read()  # until killed (or this test dies: then stdin closes)
 """
@@ -182,23 +176,13 @@ def test_a_client_killed_mid_get_leaves_its_blocks_evictable(store_factory, chil
         _assert_no_leak(client)
 
 
-def _open_unread_stream(address: str, keys: list[bytes]) -> tuple[Iterator, GetAssembler]:
-    """A Get stream read up to its header: the server holds the lease and waits."""
-    options = [("grpc.max_receive_message_length", 64 << 20)]
-    stub = pb_grpc.KVStoreStub(grpc.insecure_channel(address, options=options))
-    stream = stub.Get(pb.GetRequest(namespace_id=NS.id, keys=keys), timeout=120.0)
-    assembler = GetAssembler()
-    assembler.feed(next(stream))
-    return stream, assembler
-
-
 def test_a_slow_reader_keeps_its_blocks_and_others_keep_working(store_factory):
     store = _start(store_factory, 60.0)
     leased = _chain(LEASED, seed=1)
     with Client(store.address, timeout_s=30.0, transport="grpc") as client:
         client.register_namespace(NS)
         _put(client, leased)
-        stream, _ = _open_unread_stream(store.address, leased)
+        stream, _ = open_get_stream(store.address, NS.id, leased)
         for seed in range(2, 8):  # 48 blocks through the 24 slots nobody leases
             _put(client, _chain(8, seed))
             _assert_exact(client, _chain(8, seed))
@@ -220,7 +204,7 @@ def test_a_slow_readers_lease_expires_and_frees_its_blocks(store_factory):
         client.register_namespace(NS)
         _put(client, leased)
         start = time.monotonic()  # before the lease is taken
-        stream, _ = _open_unread_stream(store.address, leased)
+        stream, _ = open_get_stream(store.address, NS.id, leased)
         counters = wait_until(
             lambda: (c := _counters(store))["num_leases"] == 0 and c,
             TIMEOUT_S + 30.0,
@@ -247,7 +231,7 @@ def test_a_stream_that_outlives_its_lease_never_returns_other_bytes(store_factor
     with Client(store.address, timeout_s=30.0, transport="grpc") as client:
         client.register_namespace(NS)
         _put(client, leased)
-        stream, assembler = _open_unread_stream(store.address, leased)
+        stream, assembler = open_get_stream(store.address, NS.id, leased)
         wait_until(lambda: client.stats().expired_leases == 1, TIMEOUT_S + 30.0, "expiry")
         for seed in range(2, 2 + DRAM_BLOCKS // 8):  # evicts `leased`, reuses its slots
             _put(client, _chain(8, seed))
