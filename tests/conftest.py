@@ -100,14 +100,28 @@ def start_store(tmp_path: Path, *args: str, env: Mapping[str, str] | None = None
             cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
         )
     store = StoreProcess(proc, f"127.0.0.1:{port}", log_path)
-    with Client(store.address, timeout_s=5.0) as client:
-        try:
-            client.wait_ready(timeout_s=30.0)
+    try:
+        with grpc.insecure_channel(store.address) as channel:
+            ready = grpc.channel_ready_future(channel)
+            try:
+                wait_until(lambda: _is_ready(ready, proc), 30.0, "the store answers")
+            finally:
+                ready.cancel()
+        with Client(store.address, timeout_s=5.0) as client:
             assert client.health()
-        except Exception:
-            proc.kill()
-            raise RuntimeError(f"store did not start:\n{store.log()}") from None
+    except Exception:
+        proc.kill()
+        raise RuntimeError(f"store did not start:\n{store.log()}") from None
     return store
+
+
+def _is_ready(ready: grpc.Future, proc: subprocess.Popen) -> bool:
+    assert proc.poll() is None, "the store exited"
+    try:
+        ready.result(timeout=0.2)
+    except grpc.FutureTimeoutError:
+        return False
+    return True
 
 
 @pytest.fixture
