@@ -51,6 +51,19 @@ class ChecksumMismatchError(InvalidArgumentError):
     that put was committed."""
 
 
+class BadParentError(InvalidArgumentError):
+    """A chain link that is not allowed (`kvstore.chains`); nothing was reserved."""
+
+
+class UnknownParentError(BadParentError):
+    """A parent neither committed in the namespace nor earlier in the same call (evicted,
+    removed or never stored): the caller's chain is cut there."""
+
+
+class ChainCycleError(BadParentError):
+    """A key named as its own parent, or a parent chain that would lead back to the key."""
+
+
 class NotFoundError(KVStoreError, LookupError):
     """The named thing does not exist."""
 

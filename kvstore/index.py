@@ -87,6 +87,7 @@ class BlockIndex:
 
     def __init__(self) -> None:
         self._entries: dict[bytes, Entry] = {}
+        self._num_children: dict[bytes, int] = {}  # block id -> entries naming it as parent
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -103,9 +104,22 @@ class BlockIndex:
     def add(self, entry: Entry) -> None:
         assert entry.block_id not in self._entries, "block already indexed"
         self._entries[entry.block_id] = entry
+        if entry.parent_id is not None:
+            self._num_children[entry.parent_id] = self._num_children.get(entry.parent_id, 0) + 1
 
     def pop(self, bid: bytes) -> Entry:
-        return self._entries.pop(bid)
+        entry = self._entries.pop(bid)
+        if entry.parent_id is not None:
+            num_left = self._num_children[entry.parent_id] - 1
+            if num_left:
+                self._num_children[entry.parent_id] = num_left
+            else:
+                del self._num_children[entry.parent_id]
+        return entry
+
+    def is_named_parent(self, bid: bytes) -> bool:
+        """Whether an indexed entry names block `bid` as its parent (present or not)."""
+        return bid in self._num_children
 
     def readable(self, namespace_id: bytes, key: bytes) -> Entry | None:
         """The committed entry for `key` in `namespace_id`, or None."""

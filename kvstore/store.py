@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvstore import errors
+from kvstore import chains, errors
 from kvstore.checksum import checksum
 from kvstore.index import BlockIndex, BlockState, Entry, block_id
 from kvstore.keys import KEY_BYTES, Namespace
@@ -217,15 +217,19 @@ class Store:
     ) -> ReserveResult:
         """Allocates a slot for each key not yet present, evicting as needed.
 
-        `parents[i]` is the chain predecessor of `keys[i]` (None for a root). All or
-        nothing: raises `StoreFullError` and reserves nothing if any slot cannot be had.
+        `parents[i]` is the chain predecessor of `keys[i]` (None for a root): committed in
+        this namespace or earlier in `keys`, never the key itself (else a `BadParentError`,
+        see `kvstore.chains`). All or nothing: raises `StoreFullError` and reserves nothing
+        if any slot cannot be had.
         """
         with self._lock:
             self.expire()
             self._check_keys(namespace_id, keys)
             parents = self._check_parents(keys, parents)
             statuses = [self._put_status(namespace_id, k) for k in keys]
-            todo = [i for i, s in enumerate(statuses) if s is PutStatus.RESERVED]
+            is_new = [s is PutStatus.RESERVED for s in statuses]
+            chains.check_parents(self._index, namespace_id, keys, parents, is_new)
+            todo = [i for i, new in enumerate(is_new) if new]
             block_bytes = self._namespaces[namespace_id].block_bytes
             parent_entries = [self._index.readable(namespace_id, p) for p in parents if p]
             self._tiering.touch([e for e in parent_entries if e is not None])

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kvstore import errors
+from kvstore import chains, errors
 from kvstore.checksum import checksum
 from kvstore.hbm_cache import HbmCache
 from kvstore.index import BlockIndex, BlockState, Entry, block_id, split_block_id
@@ -470,10 +470,21 @@ class Tiering:
 
     def _recover_entry(self, bid: bytes, h: RecordHeader) -> None:
         namespace_id, key = split_block_id(bid)
-        entry = Entry(key, namespace_id, h.parent, h.nbytes, None, BlockState.COMMITTED)
+        parent = h.parent
+        if parent is not None and self._closes_cycle(bid, block_id(namespace_id, parent)):
+            log.warning("event=ssd_cycle_cut key=%s", key.hex()[:16])
+            parent = None  # written before chains were checked: recovered as a root
+        entry = Entry(key, namespace_id, parent, h.nbytes, None, BlockState.COMMITTED)
         entry.checksum, entry.on_ssd, entry.seq = h.checksum, True, h.seq
         self.index.add(entry)
         self.ssd_policy.insert(bid, entry.parent_id, moved=True)
+
+    def _closes_cycle(self, bid: bytes, parent_id: bytes) -> bool:
+        if parent_id == bid:
+            return True
+        if not self.index.is_named_parent(bid):
+            return False
+        return chains.closes_cycle(self.index, bid, {bid: parent_id}, set())
 
     def close(self) -> None:
         with self.lock:

@@ -99,7 +99,7 @@ def test_match_stops_at_first_missing_key():
     store = _make_store()
     keys = _chain(4)
     _put(store, keys[:2])
-    _put(store, keys[3:], parent=keys[2])
+    _put(store, keys[3:])  # a chain of its own: keys[2], its parent, was never stored
     assert store.match(NS.id, keys).num_matched == 2
     assert store.match(NS.id, keys[3:]).num_matched == 1
 
