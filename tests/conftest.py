@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -88,25 +90,21 @@ class StoreProcess:
 
 
 def start_store(tmp_path: Path, *args: str, env: Mapping[str, str] | None = None) -> StoreProcess:
-    """Starts `kvstore serve ARGS` on a free port and waits until it answers health checks.
+    """Starts `kvstore serve ARGS` on a port it picks itself (no race with other processes
+    for a free one) and waits until it answers health checks.
 
     `env`: variables to set for the process, over this one's environment.
     """
-    port = free_port()
-    log_path = tmp_path / f"store-{port}.log"
-    cmd = [sys.executable, "-m", "kvstore.cli", "serve", "--port", str(port), *args]
-    with open(log_path, "w") as log:
+    fd, log_name = tempfile.mkstemp(prefix="store-", suffix=".log", dir=tmp_path)
+    cmd = [sys.executable, "-m", "kvstore.cli", "serve", "--port", "0", *args]
+    with os.fdopen(fd, "w") as log:
         proc = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
         )
-    store = StoreProcess(proc, f"127.0.0.1:{port}", log_path)
+    store = StoreProcess(proc, "", Path(log_name))
     try:
-        with grpc.insecure_channel(store.address) as channel:
-            ready = grpc.channel_ready_future(channel)
-            try:
-                wait_until(lambda: _is_ready(ready, proc), 30.0, "the store answers")
-            finally:
-                ready.cancel()
+        port = wait_until(lambda: _serving_port(store), 30.0, "the store serves")
+        store.address = f"127.0.0.1:{port}"
         with Client(store.address, timeout_s=5.0) as client:
             assert client.health()
     except Exception:
@@ -115,13 +113,10 @@ def start_store(tmp_path: Path, *args: str, env: Mapping[str, str] | None = None
     return store
 
 
-def _is_ready(ready: grpc.Future, proc: subprocess.Popen) -> bool:
-    assert proc.poll() is None, "the store exited"
-    try:
-        ready.result(timeout=0.2)
-    except grpc.FutureTimeoutError:
-        return False
-    return True
+def _serving_port(store: StoreProcess) -> str | None:
+    assert store.proc.poll() is None, "the store exited"
+    found = re.search(r"event=serving address=\S+:(\d+)", store.log())
+    return found.group(1) if found else None
 
 
 @pytest.fixture
