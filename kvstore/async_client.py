@@ -42,7 +42,14 @@ from kvstore.client_common import (
 from kvstore.dataplane import TRANSPORTS, DataPlaneClient, is_available
 from kvstore.dataplane.buffers import as_transfer_buffer
 from kvstore.keys import Namespace
-from kvstore.results import MatchResult, NamespaceInfo, PutResult, ReserveResult, StoreStats
+from kvstore.results import (
+    NO_RESERVATION,
+    MatchResult,
+    NamespaceInfo,
+    PutResult,
+    ReserveResult,
+    StoreStats,
+)
 
 
 class AsyncClient:
@@ -183,10 +190,14 @@ class AsyncClient:
         return (await self._call(self._stub.Write, chunks)).bytes_written
 
     async def commit(self, reservation_id: int) -> int:
+        if reservation_id == NO_RESERVATION:
+            return 0
         request = pb.CommitRequest(reservation_id=reservation_id)
         return (await self._call(self._stub.Commit, request)).num_committed
 
     async def abort(self, reservation_id: int) -> None:
+        if reservation_id == NO_RESERVATION:
+            return
         await self._call(self._stub.Abort, pb.AbortRequest(reservation_id=reservation_id))
 
     async def put(

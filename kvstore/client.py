@@ -43,7 +43,14 @@ from kvstore.client_common import (
 from kvstore.dataplane import TRANSPORTS, DataPlaneClient, is_available
 from kvstore.dataplane.buffers import as_transfer_buffer
 from kvstore.keys import Namespace
-from kvstore.results import MatchResult, NamespaceInfo, PutResult, ReserveResult, StoreStats
+from kvstore.results import (
+    NO_RESERVATION,
+    MatchResult,
+    NamespaceInfo,
+    PutResult,
+    ReserveResult,
+    StoreStats,
+)
 
 __all__ = ["TRANSPORT_CHOICES", "Client", "GetResult"]
 
@@ -185,10 +192,17 @@ class Client:
         return self._call(self._stub.Write, chunks).bytes_written
 
     def commit(self, reservation_id: int) -> int:
+        """Makes a reservation's blocks readable; `NO_RESERVATION` (nothing reserved) is a
+        no-op that sends nothing."""
+        if reservation_id == NO_RESERVATION:
+            return 0
         request = pb.CommitRequest(reservation_id=reservation_id)
         return self._call(self._stub.Commit, request).num_committed
 
     def abort(self, reservation_id: int) -> None:
+        """Frees a reservation's slots; a no-op for `NO_RESERVATION`."""
+        if reservation_id == NO_RESERVATION:
+            return
         self._call(self._stub.Abort, pb.AbortRequest(reservation_id=reservation_id))
 
     def put(

@@ -19,7 +19,12 @@ class PutStatus(enum.Enum):
     IN_FLIGHT = "in_flight"  # another writer holds a reservation for it
 
 
+NO_RESERVATION = 0  # the id of a reserve call that reserved nothing; commit and abort are no-ops
+
+
 class ReserveResult(NamedTuple):
+    """One status per key; `reservation_id` is `NO_RESERVATION` when none is RESERVED."""
+
     reservation_id: int
     statuses: tuple[PutStatus, ...]
 

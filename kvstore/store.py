@@ -20,6 +20,7 @@ from kvstore.checksum import checksum
 from kvstore.index import BlockIndex, BlockState, Entry, block_id
 from kvstore.keys import KEY_BYTES, Namespace
 from kvstore.results import (
+    NO_RESERVATION,
     MatchResult,
     NamespaceInfo,
     PutStatus,
@@ -220,7 +221,8 @@ class Store:
         `parents[i]` is the chain predecessor of `keys[i]` (None for a root): committed in
         this namespace or earlier in `keys`, never the key itself (else a `BadParentError`,
         see `kvstore.chains`). All or nothing: raises `StoreFullError` and reserves nothing
-        if any slot cannot be had.
+        if any slot cannot be had. A call with nothing to reserve (every key present or in
+        flight) opens no reservation: its id is `NO_RESERVATION`.
         """
         with self._lock:
             self.expire()
@@ -233,6 +235,8 @@ class Store:
             block_bytes = self._namespaces[namespace_id].block_bytes
             parent_entries = [self._index.readable(namespace_id, p) for p in parents if p]
             self._tiering.touch([e for e in parent_entries if e is not None])
+            if not todo:
+                return ReserveResult(NO_RESERVATION, tuple(statuses))
             slots = self._tiering.allocate(block_bytes, len(todo))
             entries = {
                 i: Entry(keys[i], namespace_id, parents[i], block_bytes, slot)
@@ -297,8 +301,11 @@ class Store:
             reservation_id: from `reserve`.
             checksums: optional CRC32C per key of the reserve call, as the sender computed
                 it. On any mismatch the reservation is aborted and ChecksumMismatchError
-                raised: altered or short bytes are never committed.
+                raised: altered or short bytes are never committed. `NO_RESERVATION`
+                commits nothing.
         """
+        if reservation_id == NO_RESERVATION:
+            return 0
         with self._lock:
             res = self._reservation(reservation_id)
             short = [i for i, e in res.entries.items() if res.written[i] != e.nbytes]
@@ -329,7 +336,9 @@ class Store:
             return len(res.entries)
 
     def abort(self, reservation_id: int) -> None:
-        """Drops a reservation and frees its slots."""
+        """Drops a reservation and frees its slots (nothing for `NO_RESERVATION`)."""
+        if reservation_id == NO_RESERVATION:
+            return
         with self._lock:
             self._drop_reservation(self._reservation(reservation_id))
             del self._reservations[reservation_id]

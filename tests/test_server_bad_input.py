@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 
 from kvstore import errors
+from kvstore.async_client import AsyncClient
 from kvstore.client import Client
 from kvstore.keys import KVLayout, Namespace, block_keys
-from kvstore.results import PutStatus
+from kvstore.results import NO_RESERVATION, PutStatus
 
 NS = Namespace("llama-test", KVLayout("float16", 4, 2, 64, 16))  # 32 KiB blocks
 UNKNOWN_NS = Namespace("never-registered", KVLayout("float16", 4, 2, 64, 16))
@@ -135,3 +138,25 @@ def test_oversize_message(store, client, unchanged):
     with big, pytest.raises(errors.ResourceExhaustedError, match="larger than"):
         big.write(res.reservation_id, [(0, _block(1, 9 << 20))])
     client.abort(res.reservation_id)
+
+
+def test_puts_of_present_keys_leave_no_open_reservation(client, unchanged):
+    keys = _chain(4, seed=99)  # the fixture's chain
+    for _ in range(200):
+        res = client.reserve(NS.id, keys, [None, *keys[:-1]])
+        assert res == (NO_RESERVATION, (PutStatus.PRESENT,) * 4)
+        assert client.put_chain(NS.id, keys, [_block(i) for i in range(4)]).num_present == 4
+    assert client.stats().num_reservations == 0
+
+
+def test_commit_and_abort_of_no_reservation_send_nothing():
+    with Client("127.0.0.1:1", timeout_s=0.5) as nowhere:  # no server: any call would fail
+        assert nowhere.commit(NO_RESERVATION) == 0
+        nowhere.abort(NO_RESERVATION)
+
+    async def run() -> None:
+        async with AsyncClient("127.0.0.1:1", timeout_s=0.5) as nowhere:
+            assert await nowhere.commit(NO_RESERVATION) == 0
+            await nowhere.abort(NO_RESERVATION)
+
+    asyncio.run(run())

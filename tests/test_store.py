@@ -8,7 +8,7 @@ from kvstore import errors
 from kvstore.checksum import checksum
 from kvstore.keys import KVLayout, Namespace, block_keys
 from kvstore.policy import POLICIES
-from kvstore.results import PutStatus
+from kvstore.results import NO_RESERVATION, PutStatus
 from kvstore.store import Store, StoreConfig
 
 NS = Namespace("test-model", KVLayout("float16", 2, 1, 8, 4))  # 256-byte blocks
@@ -82,6 +82,23 @@ def test_put_of_present_key_is_a_noop_that_says_so():
     assert res.statuses == (PutStatus.PRESENT, PutStatus.PRESENT)
     assert store.commit(res.reservation_id) == 0
     assert store.stats().blocks_committed == 2
+
+
+def test_a_reserve_with_nothing_to_reserve_opens_no_reservation():
+    store = _make_store()
+    present, in_flight = _chain(2), _chain(1, seed=1)
+    _put(store, present)
+    other = store.reserve(NS.id, in_flight)
+    for _ in range(4000):
+        res = store.reserve(NS.id, present + in_flight, [None, present[0], None])
+        assert res == (NO_RESERVATION, (PutStatus.PRESENT,) * 2 + (PutStatus.IN_FLIGHT,))
+    assert store.stats().num_reservations == 1  # only `other`
+    assert store.commit(NO_RESERVATION) == 0
+    store.abort(NO_RESERVATION)
+    with pytest.raises(errors.UnknownReservationError):
+        store.write(NO_RESERVATION, 0, 0, _payload(present[0]))
+    store.abort(other.reservation_id)
+    store.check_integrity()
 
 
 def test_concurrent_reservation_of_same_key_is_in_flight():
