@@ -14,8 +14,10 @@ $(BIN)/.installed: pyproject.toml
 demo: $(BIN)/.installed
 	$(BIN)/kvstore demo
 
+# KVSTORE_REQUIRE_EXTRAS: a test whose extra (ucxx, torch, safetensors, matplotlib) is missing
+# fails instead of skipping, as the vLLM tests do under test-vllm.
 test: $(BIN)/.installed lint
-	$(BIN)/pytest -q
+	KVSTORE_REQUIRE_EXTRAS=1 $(BIN)/pytest -q
 	$(MAKE) test-vllm
 
 lint: $(BIN)/.installed

@@ -14,8 +14,9 @@ from kvstore.async_client import AsyncClient
 from kvstore.client import Client
 from kvstore.dataplane import ucx_client
 from kvstore.keys import KVLayout, Namespace, block_keys
+from tests.conftest import require_extra
 
-pytest.importorskip("ucxx")
+require_extra("ucxx")
 
 NS = Namespace("llama-async", KVLayout("float16", 4, 2, 64, 16))  # 32 KiB blocks
 

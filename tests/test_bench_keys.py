@@ -12,6 +12,7 @@ import pytest
 
 from bench.__main__ import build_parser, main
 from bench.suites import SUITES
+from tests.conftest import require_extra
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EXPECTED_FIELDS = {
@@ -60,7 +61,7 @@ def test_keys_quick_as_module(tmp_path: Path) -> None:
 
 
 def test_keys_plot_writes_png(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
+    require_extra("matplotlib")
     out = tmp_path / "keys.png"
     assert main(["keys", "--quick", "--plot", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

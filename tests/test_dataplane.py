@@ -16,8 +16,9 @@ from kvstore.dataplane import ChecksumMismatchError, ucx_client
 from kvstore.dataplane.buffers import TransferBuffer
 from kvstore.dataplane.frames import Op, Request
 from kvstore.keys import KVLayout, Namespace, block_keys
+from tests.conftest import require_extra
 
-pytest.importorskip("ucxx")
+require_extra("ucxx")
 
 NS = Namespace("llama-dp", KVLayout("float16", 4, 2, 64, 16))  # 32 KiB blocks
 
@@ -89,7 +90,7 @@ def test_typed_buffers_bytearray_and_shaped_arrays(ucx):
 
 @pytest.mark.parametrize("transport", ["ucx", "grpc"])
 def test_torch_tensors_cpu(ucx, grpc_client, transport):
-    torch = pytest.importorskip("torch")
+    torch = require_extra("torch")
     client = {"ucx": ucx, "grpc": grpc_client}[transport]
     keys = _chain(2, seed=4)
     src = [torch.randn(NS.block_bytes // 2).to(torch.bfloat16) for _ in keys]

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -16,9 +15,9 @@ import pytest
 from kvstore import errors
 from kvstore.client import Client
 from kvstore.keys import KVLayout, Namespace, block_keys
-from tests.conftest import start_store
+from tests.conftest import require_extra, start_store, wait_until
 
-pytest.importorskip("ucxx")
+require_extra("ucxx")
 
 NS = Namespace("llama-faults", KVLayout("float16", 8, 8, 128, 16))  # 512 KiB blocks
 NUM_PROCS = 8
@@ -30,13 +29,6 @@ def _chain(n: int, seed: int) -> list[bytes]:
 
 def _block(seed: int, i: int) -> np.ndarray:
     return np.full(NS.block_bytes, (seed * 31 + i) % 251, np.uint8)
-
-
-def _wait_for(predicate: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met before the deadline"
-        time.sleep(0.05)
 
 
 def _worker(address: str, seed: int, rounds: int) -> None:
@@ -66,7 +58,7 @@ def test_eight_client_processes_at_once(store_factory):
 
 
 _HAMMER = """
-import sys, numpy as np
+import sys, time, numpy as np
 from kvstore.client import Client
 from tests.test_dataplane_faults import NS, _chain, _block
 client = Client(sys.argv[1], timeout_s=30.0, transport="ucx")
@@ -76,7 +68,8 @@ client.put_chain(NS.id, keys, [_block(50, i) for i in range(32)])
 out = [np.zeros(NS.block_bytes, np.uint8) for _ in keys]
 print("ready", flush=True)
 n = 0
-while True:
+deadline = time.monotonic() + 300  # the test kills it long before; an orphan stops here
+while time.monotonic() < deadline:
     n += 1
     if sys.argv[2] == "get":
         client.get_into(NS.id, keys, out)
@@ -98,10 +91,18 @@ def test_client_killed_mid_transfer_leaves_nothing_behind(store_factory, op):
     lines = iter(child.stdout.readline, "")
     assert any(line.strip() == "ready" for line in lines), "hammer client did not start"
     with Client(store.address, timeout_s=10.0) as client:
-        _wait_for(lambda: client.stats().bytes_read + client.stats().bytes_written > 64 << 20)
+        wait_until(
+            lambda: client.stats().bytes_read + client.stats().bytes_written > 64 << 20,
+            30.0,
+            "the hammer client moved 64 MiB",
+        )
         child.send_signal(signal.SIGKILL)
         child.wait()
-        _wait_for(lambda: client.stats().num_leases + client.stats().num_reservations == 0)
+        wait_until(
+            lambda: client.stats().num_leases + client.stats().num_reservations == 0,
+            30.0,
+            "the dead client's leases and reservations ended",
+        )
         client.register_namespace(NS)
         keys = _chain(2, 77)
         assert client.put_chain(NS.id, keys, [_block(77, 0), _block(77, 1)]).num_stored == 2
@@ -122,8 +123,9 @@ def test_server_killed_mid_get_gives_typed_error(tmp_path):
     started = threading.Event()
 
     def hammer() -> None:
+        deadline = time.monotonic() + 60.0  # the server dies long before
         try:
-            while True:
+            while time.monotonic() < deadline:
                 client.get_into(NS.id, keys, out)
                 started.set()
         except BaseException as exc:

@@ -4,8 +4,8 @@ load or a full publish queue never changes an output."""
 
 from __future__ import annotations
 
+import itertools
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -18,7 +18,7 @@ from gpu_engine.sampling import SamplingParams
 from kvstore.client import Client
 from kvstore.errors import UnavailableError
 from kvstore.keys import block_keys
-from tests.conftest import free_port, start_store
+from tests.conftest import free_port, start_store, wait_until
 
 BLOCK = 8
 GREEDY = SamplingParams(max_tokens=6)
@@ -125,15 +125,17 @@ def _ssd_store_args(tmp_path, block_bytes: int) -> tuple[str, ...]:
 def _wait_on_ssd(address: str, prompt: list[int], fillers: list[list[int]]) -> None:
     ns = _engine_config().namespace
     keys = block_keys(ns, prompt)
+    pairs = itertools.cycle([fillers[i : i + 2] for i in range(0, len(fillers), 2)])
+
+    def is_all_on_ssd() -> bool:
+        tiers = client.match(ns.id, keys).tiers
+        if len(tiers) == len(keys) and set(tiers) == {"ssd"}:
+            return True
+        _publish(address, next(pairs))  # more blocks push the prompt's down
+        return False
+
     with Client(address) as client:
-        for _ in range(50):
-            tiers = client.match(ns.id, keys).tiers
-            if len(tiers) == len(keys) and set(tiers) == {"ssd"}:
-                return
-            _publish(address, fillers[:2])
-            fillers = fillers[2:] + fillers[:2]
-            time.sleep(0.05)
-    raise AssertionError(f"blocks never all demoted to SSD: {tiers}")
+        wait_until(is_all_on_ssd, 60.0, "the prompt's blocks all demoted to SSD")
 
 
 def test_store_ssd_load_agrees_with_recompute(tmp_path, store_factory):

@@ -10,6 +10,7 @@ import torch
 from gpu_engine.config import MODEL_PRESETS, EngineConfig, ModelConfig
 from gpu_engine.model import build_model, load_weights, save_weights
 from kvstore.errors import InvalidArgumentError
+from tests.conftest import require_extra
 
 HAS_SAFETENSORS = importlib.util.find_spec("safetensors") is not None
 
@@ -45,8 +46,8 @@ def test_presets_give_a_store_layout(name: str) -> None:
     assert layout.block_bytes == 2 * m.num_layers * m.num_kv_heads * m.head_dim * 32 * 4
 
 
-@pytest.mark.skipif(not HAS_SAFETENSORS, reason="safetensors is not installed")
 def test_safetensors_round_trip(tmp_path) -> None:
+    require_extra("safetensors")
     tiny = MODEL_PRESETS["tiny"]
     model = build_model(tiny, seed=5)
     save_weights(model, tmp_path / "w.safetensors")

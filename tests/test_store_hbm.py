@@ -16,9 +16,10 @@ from kvstore.client import Client
 from kvstore.keys import KVLayout, Namespace, block_keys
 from kvstore.results import PutStatus
 from kvstore.store import Store, StoreConfig
+from tests.conftest import require_extra
 from tiers.hbm import is_cuda_available
 
-torch = pytest.importorskip("torch")
+torch = require_extra("torch")
 
 NS = Namespace("hbm-model", KVLayout("float16", 2, 2, 16, 8))  # 1 KiB blocks
 BLOCK = NS.block_bytes
@@ -144,7 +145,7 @@ def test_an_hbm_tier_without_cuda_is_a_config_error():
 
 
 def test_ucx_gets_are_served_from_hbm_with_identical_bytes(store_factory):
-    pytest.importorskip("ucxx")
+    require_extra("ucxx")
     store = store_factory("--hbm-bytes", "1MiB", "--hbm-device", "cpu")
     with Client(store.address, timeout_s=10.0, transport="ucx") as client:
         client.register_namespace(NS)
@@ -175,7 +176,7 @@ def test_cuda_hbm_serves_device_views():
 @pytest.mark.gpu
 @pytest.mark.skipif(not is_cuda_available(), reason="needs torch with CUDA")
 def test_ucx_get_from_cuda_hbm_into_device_tensors(store_factory):
-    pytest.importorskip("ucxx")
+    require_extra("ucxx")
     store = store_factory("--hbm-bytes", "1MiB")
     with Client(store.address, timeout_s=10.0, transport="ucx") as client:
         client.register_namespace(NS)

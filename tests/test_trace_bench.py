@@ -13,6 +13,7 @@ from bench.trace import SWEEP_FRACTIONS, sweep_capacities
 from bench.trace_file import DEFAULT_TRACE, Request, hit_ratio, load_trace
 from bench.trace_replay import ReplayConfig, replay
 from kvstore.policy import POLICIES
+from tests.conftest import require_extra
 
 TINY = [
     {"timestamp": 0, "input_length": 1300, "output_length": 1, "hash_ids": [1, 2, 3]},
@@ -141,7 +142,7 @@ def test_request_longer_than_dram_is_refused(tiny_path: Path) -> None:
 
 
 def test_cli_plot_writes_png(tiny_path: Path, tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib")
+    require_extra("matplotlib")
     out = tmp_path / "trace.png"
     argv = ["trace", "--quick", "--trace", str(tiny_path), "--policy", "lru", "--plot", str(out)]
     assert main(argv) == 0

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.conftest import require_extra
+
+torch = require_extra("torch")
 
 from kvstore.integrations.vllm_blocks import PagedBlocks  # noqa: E402
 
