@@ -245,12 +245,6 @@ def test_a_stream_that_outlives_its_lease_never_returns_other_bytes(store_factor
     assert wrong == [], "blocks served with another block's bytes"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="store: a reserve whose keys are all present or in flight still opens an (empty) "
-    "reservation, and Client.put only commits or aborts when something was reserved, so "
-    "every such put leaves num_reservations up by one until --reservation-timeout-s",
-)
 def test_a_put_of_present_blocks_leaves_no_reservation_open(store_factory):
     store = _start(store_factory, 60.0)
     keys = _chain(4, seed=1)
