@@ -121,10 +121,19 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
 
     @_unary
     async def Write(self, request_iterator, context):
+        """All or nothing per block: a block this stream leaves short goes back to where it
+        was before the stream, however the stream ended (a bad chunk, the client cancelling,
+        or just ending: grpc.aio ends a cancelled stream as if it had finished)."""
+        starts: dict[tuple[int, int], int] = {}  # (reservation, block) -> offset it began at
         total = 0
-        async for chunk in request_iterator:
-            self.store.write(chunk.reservation_id, chunk.index, chunk.offset, chunk.data)
-            total += len(chunk.data)
+        try:
+            async for chunk in request_iterator:
+                self.store.write(chunk.reservation_id, chunk.index, chunk.offset, chunk.data)
+                starts.setdefault((chunk.reservation_id, chunk.index), chunk.offset)
+                total += len(chunk.data)
+        finally:
+            for (reservation_id, index), offset in starts.items():
+                self.store.rewind(reservation_id, index, offset)  # a no-op for whole blocks
         return pb.WriteResponse(bytes_written=total)
 
     @_unary

@@ -272,6 +272,18 @@ class Store:
             self._view(entry)[offset:end] = data
             res.written[index] = end
 
+    def rewind(self, reservation_id: int, index: int, offset: int) -> None:
+        """Takes reserved block `index` back to `offset` bytes written, unless it is written
+        whole, so that a write stream that failed leaves no block half done. A no-op for a
+        reservation that has ended; never moves a block forward."""
+        with self._lock:
+            res = self._reservations.get(reservation_id)
+            entry = None if res is None else res.entries.get(index)
+            if res is None or entry is None or res.written[index] == entry.nbytes:
+                return
+            res.written[index] = min(res.written[index], offset)
+            res.sums.pop(index, None)
+
     def reservation_view(self, reservation_id: int, index: int) -> memoryview:
         """Writable view of reserved block `index`, for a transport that receives in place.
 

@@ -190,6 +190,26 @@ def test_bad_write_changes_nothing(offset, size, error):
     assert store.read(NS.id, [key]) == [_payload(key)]
 
 
+def test_rewind_takes_a_half_written_block_back_and_leaves_whole_ones():
+    store = _make_store()
+    keys = _chain(2)
+    res = store.reserve(NS.id, keys)
+    rid = res.reservation_id
+    store.write(rid, 0, 0, _payload(keys[0]))
+    store.write(rid, 1, 0, b"x" * 100)
+    store.write(rid, 1, 100, b"y" * 50)
+    store.rewind(rid, 0, 0)  # whole: stays
+    store.rewind(rid, 1, 100)
+    store.rewind(rid, 1, 120)  # never forward
+    with pytest.raises(errors.InvalidArgumentError, match="expected 100"):
+        store.write(rid, 1, 150, b"z")
+    store.write(rid, 1, 100, _payload(keys[1])[100:])
+    store.rewind(rid + 1, 0, 0)  # no such reservation: a no-op
+    assert store.commit(rid) == 2
+    store.rewind(rid, 1, 0)  # ended: a no-op
+    assert store.read(NS.id, keys) == [_payload(keys[0]), b"x" * 100 + _payload(keys[1])[100:]]
+
+
 def test_write_to_unreserved_index_is_rejected():
     store = _make_store()
     keys = _chain(2)

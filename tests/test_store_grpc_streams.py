@@ -1,0 +1,109 @@
+"""The store's gRPC streams against faulty clients, over a real in-process server.
+
+Write is all or nothing per block: a stream leaves no block half written, however it ends.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from kvstore import errors
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore.client import Client
+from kvstore.keys import KVLayout, Namespace, block_keys
+from kvstore.server import EmbeddedServer, ServerConfig
+from kvstore.store import StoreConfig
+
+NS = Namespace("stream-model", KVLayout("float16", 2, 2, 16, 16))  # 4 KiB blocks
+BLOCK = NS.block_bytes
+HALF = BLOCK // 2
+
+
+def _block(fill: int) -> bytes:
+    return bytes([fill]) * BLOCK
+
+
+def _chunk(rid: int, index: int, offset: int, data: bytes) -> pb.WriteChunk:
+    return pb.WriteChunk(reservation_id=rid, index=index, offset=offset, data=data)
+
+
+@pytest.fixture
+def server() -> Iterator[EmbeddedServer]:
+    config = ServerConfig(port=0, dataplane="none", chunk_bytes=HALF)
+    with EmbeddedServer(StoreConfig(dram_bytes=64 * BLOCK, slab_bytes=8 * BLOCK), config) as s:
+        yield s
+
+
+@pytest.fixture
+def client(server: EmbeddedServer) -> Iterator[Client]:
+    with Client(server.address, timeout_s=10.0, transport="grpc") as c:
+        c.register_namespace(NS)
+        yield c
+
+
+def _reserve_two(client: Client) -> tuple[list[bytes], int]:
+    keys = block_keys(NS, list(range(2 * NS.block_tokens)))
+    return keys, client.reserve(NS.id, keys, [None, keys[0]]).reservation_id
+
+
+def _finish_and_check(client: Client, keys: list[bytes], rid: int) -> None:
+    """Block 0 was written whole by the failed stream; block 1 starts again at 0."""
+    with pytest.raises(errors.InvalidArgumentError, match=f"expected {BLOCK}"):
+        client.write(rid, [(0, _block(9))])  # it stayed written
+    client.write(rid, [(1, _block(2))])
+    assert client.commit(rid) == 2
+    assert [bytes(b) for b in client.get(NS.id, keys).blocks] == [_block(1), _block(2)]
+    assert client.stats().num_reservations == 0
+
+
+def test_a_stream_that_fails_on_a_bad_chunk_undoes_its_half_written_blocks(client):
+    keys, rid = _reserve_two(client)
+    chunks = [
+        _chunk(rid, 0, 0, _block(1)),
+        _chunk(rid, 1, 0, _block(7)[:HALF]),
+        _chunk(rid, 1, HALF + 1, b"x"),  # out of order
+    ]
+    with pytest.raises(grpc.RpcError) as info:
+        client._stub.Write(iter(chunks))
+    assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    _finish_and_check(client, keys, rid)
+
+
+def test_a_stream_the_client_cancels_undoes_its_half_written_blocks(server, client):
+    keys, rid = _reserve_two(client)
+    store = server.store
+    landed, rewound, unblock = threading.Event(), threading.Event(), threading.Event()
+    real_write, real_rewind = store.write, store.rewind
+
+    def write(reservation_id, index, offset, data):  # type: ignore[no-untyped-def]
+        real_write(reservation_id, index, offset, data)
+        if index == 1:
+            landed.set()
+
+    def rewind(reservation_id, index, offset):  # type: ignore[no-untyped-def]
+        real_rewind(reservation_id, index, offset)
+        rewound.set()
+
+    store.write, store.rewind = write, rewind  # type: ignore[method-assign]
+
+    def chunks() -> Iterator[pb.WriteChunk]:
+        yield _chunk(rid, 0, 0, _block(1))
+        yield _chunk(rid, 1, 0, _block(7)[:HALF])
+        unblock.wait(timeout=30)  # the client goes away with block 1 half sent
+
+    call = client._stub.Write.future(chunks())
+    assert landed.wait(timeout=30)
+    call.cancel()
+    unblock.set()
+    assert rewound.wait(timeout=30)
+    _finish_and_check(client, keys, rid)
+
+
+def test_a_stream_that_ends_with_a_block_half_sent_leaves_it_as_it_was(client):
+    keys, rid = _reserve_two(client)
+    client._stub.Write(iter([_chunk(rid, 0, 0, _block(1)), _chunk(rid, 1, 0, _block(7)[:HALF])]))
+    _finish_and_check(client, keys, rid)
