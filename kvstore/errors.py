@@ -82,6 +82,14 @@ class UnknownLeaseError(NotFoundError):
     """No live lease has this id."""
 
 
+class LeaseExpiredError(KVStoreError):
+    """A read outlived its lease (released, or its reader stalled past the lease timeout):
+    nothing more of it is sent, since the blocks' slots may hold other blocks by then.
+    Everything sent before was the right bytes; read again."""
+
+    code = "ABORTED"
+
+
 class ResourceExhaustedError(KVStoreError):
     """No space, a message over the size limit, or overload; the reason says which."""
 

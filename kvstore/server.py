@@ -16,6 +16,7 @@ import functools
 import logging
 import signal
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -29,7 +30,7 @@ from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.config import option, parse_bytes
 from kvstore.dataplane.base import DataPlaneServer
 from kvstore.errors import ERROR_METADATA_KEY, InvalidArgumentError, KVStoreError, UnavailableError
-from kvstore.store import Store, StoreConfig
+from kvstore.store import Clock, Store, StoreConfig
 
 log = logging.getLogger("kvstore.server")
 T = TypeVar("T")
@@ -155,10 +156,15 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             block_bytes = self.store.namespace(request.namespace_id).block_bytes
             header = pb.GetHeader(found=lease.found, block_bytes=block_bytes)
             yield pb.GetResponse(header=header)
-            for index, view in enumerate(lease.views):
-                for offset in range(0, len(view) if view is not None else 0, self.chunk_bytes):
-                    data = bytes(view[offset : offset + self.chunk_bytes])  # type: ignore[index]
+            for index in (i for i, is_found in enumerate(lease.found) if is_found):
+                for offset in range(0, block_bytes, self.chunk_bytes):
+                    # Copied under the store's lock while the lease lives (each copy renews
+                    # it); a reader that stalled past it gets LeaseExpiredError, never the
+                    # bytes of whatever reused the slot.
+                    data = self.store.read_chunk(lease.lease_id, index, offset, self.chunk_bytes)
                     yield pb.GetResponse(chunk=pb.GetChunk(index=index, offset=offset, data=data))
+        except KVStoreError as exc:
+            await _abort(context, exc)
         finally:
             self.store.release(lease.lease_id)
 
@@ -252,13 +258,20 @@ async def serve(store_config: StoreConfig, config: ServerConfig) -> None:
 class EmbeddedServer:
     """A store node served from a background thread of this process, for demos and tests.
 
+    `clock` is the store's (`Store.clock`): tests move it to expire leases and reservations.
+
     Example:
         >>> with EmbeddedServer(StoreConfig(dram_bytes=256 << 20)) as server:
         ...     client = Client(server.address)
     """
 
-    def __init__(self, store_config: StoreConfig, config: ServerConfig | None = None) -> None:
-        self.store = Store(store_config)
+    def __init__(
+        self,
+        store_config: StoreConfig,
+        config: ServerConfig | None = None,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.store = Store(store_config, clock=clock)
         self.config = config or ServerConfig(port=0)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)

@@ -46,6 +46,7 @@ class _Reservation:
 @dataclass
 class _Lease:
     entries: list[Entry]
+    views: dict[int, Any]  # index in the acquire call -> view of the block, hits only
     expires_at: float
 
 
@@ -65,7 +66,9 @@ class Lease:
     """Read access to committed blocks, valid until `Store.release` or expiry.
 
     `views[i]` is None where `keys[i]` missed: a `memoryview` of host memory, or, for a
-    device reader, a device tensor. A view must not be used after release.
+    device reader, a device tensor. A view must not be used after release, nor after
+    `expires_at` (as acquired): a reader that may outlive it copies through
+    `Store.read_chunk`, which checks and renews the lease under the store's lock.
     """
 
     lease_id: int
@@ -190,7 +193,8 @@ class Store:
             self._counters.bytes_read += sum(e.nbytes for e in hits)
             lease_id = next(self._ids)
             expires_at = self.clock() + self.config.lease_timeout_s
-            self._leases[lease_id] = _Lease(hits, expires_at)
+            found = {i: v for i, v in enumerate(views) if v is not None}
+            self._leases[lease_id] = _Lease(hits, found, expires_at)
             return Lease(lease_id, tuple(views), expires_at)
 
     def release(self, lease_id: int) -> None:
@@ -202,11 +206,29 @@ class Store:
 
     def read(self, namespace_id: bytes, keys: Sequence[bytes]) -> list[bytes | None]:
         """Copies of the committed blocks among `keys` (None for a miss)."""
-        lease = self.acquire(namespace_id, keys)
-        try:
-            return [None if v is None else bytes(v) for v in lease.views]
-        finally:
-            self.release(lease.lease_id)
+        with self._lock:  # copied before anything can end the lease
+            lease = self.acquire(namespace_id, keys)
+            try:
+                return [None if v is None else bytes(v) for v in lease.views]
+            finally:
+                self.release(lease.lease_id)
+
+    def read_chunk(self, lease_id: int, index: int, offset: int, nbytes: int) -> bytes:
+        """A copy of bytes `[offset, offset + nbytes)` of the block a lease holds for
+        `keys[index]` of its `acquire`, made under the store's lock; renews the lease.
+
+        For readers that copy a block out bit by bit (a stream that may stall between
+        chunks): once the lease has ended its slot may hold another block, so this raises
+        `LeaseExpiredError` instead of reading it. Host leases only.
+        """
+        with self._lock:
+            lease = self._live_lease(lease_id)
+            view = lease.views.get(index)
+            if view is None:
+                raise errors.InvalidArgumentError(f"lease {lease_id} holds no block {index}")
+            assert isinstance(view, memoryview), "read_chunk reads host leases"
+            lease.expires_at = self.clock() + self.config.lease_timeout_s
+            return bytes(view[offset : offset + nbytes])
 
     # -- writes --------------------------------------------------------------------------
 
@@ -375,8 +397,7 @@ class Store:
                 self._drop_reservation(self._reservations.pop(rid))
                 self._counters.expired_reservations += 1
             for lid in [i for i, lease in self._leases.items() if lease.expires_at <= now]:
-                self._end_lease(self._leases.pop(lid))
-                self._counters.expired_leases += 1
+                self._expire_lease(lid)
 
     def stats(self) -> StoreStats:
         with self._lock:
@@ -477,6 +498,22 @@ class Store:
             self._index.pop(entry.block_id)
             assert entry.slot is not None
             self._tiering.dram.free(entry.slot)
+
+    def _live_lease(self, lease_id: int) -> _Lease:
+        lease = self._leases.get(lease_id)
+        if lease is not None and lease.expires_at <= self.clock():
+            self._expire_lease(lease_id)
+            lease = None
+        if lease is None:
+            raise errors.LeaseExpiredError(
+                f"lease {lease_id} has ended (released, or no read for "
+                f"{self.config.lease_timeout_s} s); read the blocks again"
+            )
+        return lease
+
+    def _expire_lease(self, lease_id: int) -> None:
+        self._end_lease(self._leases.pop(lease_id))
+        self._counters.expired_leases += 1
 
     def _end_lease(self, lease: _Lease) -> None:
         for entry in lease.entries:

@@ -321,6 +321,37 @@ def test_lease_expires_and_block_becomes_evictable():
     assert (stats.expired_leases, stats.num_leases, stats.evictions) == (1, 0, 1)
 
 
+def test_read_chunk_copies_a_live_lease_and_renews_it():
+    store = _make_store(lease_timeout_s=10.0)
+    keys = _chain(2)
+    _put(store, keys)
+    lease = store.acquire(NS.id, [keys[0], _chain(1, seed=5)[0], keys[1]])
+    for offset in range(0, BLOCK, 64):  # 40 s in all, never 10 s without a read
+        store.clock.now += 9.0
+        assert store.read_chunk(lease.lease_id, 2, offset, 64) == _payload(keys[1])[offset:][:64]
+    with pytest.raises(errors.InvalidArgumentError, match="no block 1"):
+        store.read_chunk(lease.lease_id, 1, 0, 64)  # a miss
+    store.release(lease.lease_id)
+    with pytest.raises(errors.LeaseExpiredError):
+        store.read_chunk(lease.lease_id, 0, 0, 64)
+    store.check_integrity()
+
+
+def test_read_chunk_after_expiry_fails_and_never_reads_the_reused_slot():
+    store = _make_store(num_blocks=2, lease_timeout_s=10.0)
+    keys = _chain(2)
+    _put(store, keys)
+    lease = store.acquire(NS.id, keys)
+    store.clock.now += 10.0
+    assert store.remove(NS.id, keys) == 2
+    others = _chain(2, seed=9)
+    _put(store, others)  # only two slots: the leased ones, freed as the lease expired
+    with pytest.raises(errors.LeaseExpiredError, match="has ended"):
+        store.read_chunk(lease.lease_id, 0, 0, BLOCK)
+    assert store.stats().expired_leases == 1
+    assert store.read(NS.id, others) == [_payload(k) for k in others]
+
+
 def test_remove_while_leased_frees_slot_on_release():
     store = _make_store()
     keys = _chain(2)

@@ -1,6 +1,7 @@
 """The store's gRPC streams against faulty clients, over a real in-process server.
 
 Write is all or nothing per block: a stream leaves no block half written, however it ends.
+Get sends the committed bytes of the keys asked for, or fails: never what reused a slot.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import pytest
 
 from kvstore import errors
 from kvstore._proto import kvstore_pb2 as pb
+from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.client import Client
+from kvstore.client_common import raise_rpc_error
 from kvstore.keys import KVLayout, Namespace, block_keys
 from kvstore.server import EmbeddedServer, ServerConfig
 from kvstore.store import StoreConfig
@@ -107,3 +110,60 @@ def test_a_stream_that_ends_with_a_block_half_sent_leaves_it_as_it_was(client):
     keys, rid = _reserve_two(client)
     client._stub.Write(iter([_chunk(rid, 0, 0, _block(1)), _chunk(rid, 1, 0, _block(7)[:HALF])]))
     _finish_and_check(client, keys, rid)
+
+
+BIG_NS = Namespace("stream-big", KVLayout("float16", 4, 4, 64, 16))  # 64 KiB blocks
+NUM_BIG = 64  # 4 MiB in all: far more than a stalled stream's flow-control window
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _big_payloads(fill: int) -> list[bytes]:
+    return [bytes([fill, i]) * (BIG_NS.block_bytes // 2) for i in range(NUM_BIG)]
+
+
+def test_a_reader_stalled_past_its_lease_gets_an_error_never_another_writers_bytes():
+    clock = FakeClock()
+    store_config = StoreConfig(
+        dram_bytes=NUM_BIG * BIG_NS.block_bytes,  # the rewrite must reuse every slot
+        slab_bytes=16 * BIG_NS.block_bytes,
+        lease_timeout_s=5.0,
+    )
+    config = ServerConfig(port=0, dataplane="none", chunk_bytes=16 << 10)
+    keys = block_keys(BIG_NS, list(range(NUM_BIG * BIG_NS.block_tokens)))
+    parents = [None, *keys[:-1]]
+    original, foreign = _big_payloads(1), _big_payloads(2)
+    with EmbeddedServer(store_config, config, clock=clock) as server:
+        writer = Client(server.address, timeout_s=10.0, transport="grpc")
+        writer.register_namespace(BIG_NS)
+        writer.put(BIG_NS.id, keys, original, parents)
+        options = [("grpc.http2.bdp_probe", 0)]  # the reader's window stays small
+        with grpc.insecure_channel(server.address, options=options) as channel:
+            stream = pb_grpc.KVStoreStub(channel).Get(
+                pb.GetRequest(namespace_id=BIG_NS.id, keys=keys), timeout=30
+            )
+            assert next(stream).header.found == [True] * NUM_BIG
+            next(stream)  # the reader stalls here
+            clock.now += 10  # past the lease
+            assert writer.remove(BIG_NS.id, keys) == NUM_BIG
+            assert writer.put(BIG_NS.id, keys, foreign, parents).num_stored == NUM_BIG
+            received = 0
+            with pytest.raises(grpc.RpcError) as info:
+                for msg in stream:
+                    chunk = msg.chunk
+                    want = original[chunk.index][chunk.offset : chunk.offset + len(chunk.data)]
+                    assert chunk.data == want, "a reader got another writer's bytes"
+                    received += 1
+        assert info.value.code() is grpc.StatusCode.ABORTED
+        with pytest.raises(errors.LeaseExpiredError):
+            raise_rpc_error(info.value)
+        assert received < NUM_BIG * 4 - 1
+        assert server.store.stats().num_leases == 0
+        assert [bytes(b) for b in writer.get(BIG_NS.id, keys).blocks] == foreign
+        writer.close()
