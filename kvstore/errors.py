@@ -64,6 +64,11 @@ class ChainCycleError(BadParentError):
     """A key named as its own parent, or a parent chain that would lead back to the key."""
 
 
+class FieldTooLargeError(InvalidArgumentError):
+    """A field over the node's size limit (a namespace's model id, dtype, tenant salt or
+    layout numbers); the message names the limit and its setting."""
+
+
 class NotFoundError(KVStoreError, LookupError):
     """The named thing does not exist."""
 
@@ -98,6 +103,18 @@ class ResourceExhaustedError(KVStoreError):
 
 class StoreFullError(ResourceExhaustedError):
     """Not enough evictable space for a reservation: too much is leased or reserved."""
+
+
+class TooManyNamespacesError(ResourceExhaustedError):
+    """The node has as many namespaces as it allows (`max_namespaces`)."""
+
+
+class TooManyReservationsError(ResourceExhaustedError):
+    """The client, or the node, holds as many open reservations as it allows."""
+
+
+class TooManyLeasesError(ResourceExhaustedError):
+    """The client, or the node, holds as many open read leases as it allows."""
 
 
 class UnavailableError(KVStoreError, ConnectionError):

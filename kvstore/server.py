@@ -105,7 +105,9 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
 
     @_unary
     async def RegisterNamespace(self, request, context):
-        info = self.store.register_namespace(wire.namespace_from_pb(request.namespace))
+        limits = self.store.config.namespace_limits  # checked before the namespace is built
+        namespace = wire.namespace_from_pb(request.namespace, limits)
+        info = self.store.register_namespace(namespace)
         return pb.RegisterNamespaceResponse(
             namespace_id=info.namespace_id, block_bytes=info.block_bytes
         )
@@ -117,7 +119,8 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     @_unary
     async def Reserve(self, request, context):
         parents = wire.parents_from_pb(request.parent_keys)
-        result = self.store.reserve(request.namespace_id, list(request.keys), parents)
+        owner = context.peer()  # the client, until clients authenticate
+        result = self.store.reserve(request.namespace_id, list(request.keys), parents, owner)
         return wire.reserve_to_pb(result)
 
     @_unary
@@ -125,7 +128,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         """All or nothing per block: a block this stream leaves short goes back to where it
         was before the stream, however the stream ended (a bad chunk, the client cancelling,
         or just ending: grpc.aio ends a cancelled stream as if it had finished)."""
-        starts: dict[tuple[int, int], int] = {}  # (reservation, block) -> offset it began at
+        starts = {}  # (reservation, block) -> the offset this stream began it at
         total = 0
         try:
             async for chunk in request_iterator:
@@ -148,7 +151,8 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
 
     async def Get(self, request, context) -> AsyncIterator[pb.GetResponse]:
         try:
-            lease = self.store.acquire(request.namespace_id, list(request.keys))
+            keys = list(request.keys)
+            lease = self.store.acquire(request.namespace_id, keys, owner=context.peer())
         except KVStoreError as exc:
             await _abort(context, exc)
             return

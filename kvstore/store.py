@@ -19,6 +19,7 @@ from kvstore import chains, errors
 from kvstore.checksum import checksum
 from kvstore.index import BlockIndex, BlockState, Entry, block_id
 from kvstore.keys import KEY_BYTES, Namespace
+from kvstore.limits import LAYOUT_FIELDS, LOCAL_OWNER, OwnerCounts
 from kvstore.results import (
     NO_RESERVATION,
     MatchResult,
@@ -40,6 +41,7 @@ class _Reservation:
     entries: dict[int, Entry]  # index in the reserve call -> reserved entry
     written: dict[int, int]  # index -> bytes written so far, in order
     expires_at: float
+    owner: str  # the client that holds it (`kvstore.limits`)
     sums: dict[int, int] = field(default_factory=dict)  # index -> CRC32C the node computed
 
 
@@ -48,6 +50,7 @@ class _Lease:
     entries: list[Entry]
     views: dict[int, Any]  # index in the acquire call -> view of the block, hits only
     expires_at: float
+    owner: str
 
 
 @dataclass
@@ -98,6 +101,16 @@ class Store:
         self._namespaces: dict[bytes, Namespace] = {}
         self._reservations: dict[int, _Reservation] = {}
         self._leases: dict[int, _Lease] = {}
+        config = self.config
+        self._reservation_counts = OwnerCounts(
+            "reservations",
+            config.max_reservations_per_client,
+            config.max_reservations,
+            errors.TooManyReservationsError,
+        )
+        self._lease_counts = OwnerCounts(
+            "leases", config.max_leases_per_client, config.max_leases, errors.TooManyLeasesError
+        )
         self._ids = itertools.count(1)
         self._counters = _Counters()
         self._recover()
@@ -132,7 +145,15 @@ class Store:
     # -- namespaces ----------------------------------------------------------------------
 
     def register_namespace(self, namespace: Namespace) -> NamespaceInfo:
-        """Makes `namespace` known; idempotent. Raises if its blocks cannot fit a tier."""
+        """Makes `namespace` known; idempotent.
+
+        Raises `FieldTooLargeError` for a field over the node's limits, InvalidArgumentError
+        if its blocks cannot fit a tier, `TooManyNamespacesError` past `max_namespaces`.
+        """
+        lay = namespace.layout
+        layout = {name: getattr(lay, name) for name in LAYOUT_FIELDS}
+        limits = self.config.namespace_limits
+        limits.check(namespace.model_id, lay.dtype, namespace.tenant_salt, layout)
         dram = self._tiering.dram
         if not dram.can_fit(namespace.block_bytes):
             raise errors.InvalidArgumentError(
@@ -140,7 +161,13 @@ class Store:
                 f"({dram.slab_bytes} bytes)"
             )
         with self._lock:
-            if namespace.id not in self._namespaces and self._tiering.ssd is not None:
+            is_new = namespace.id not in self._namespaces
+            if is_new and len(self._namespaces) >= self.config.max_namespaces:
+                raise errors.TooManyNamespacesError(
+                    f"the node has {len(self._namespaces)} namespaces, the most allowed "
+                    f"(max_namespaces = {self.config.max_namespaces})"
+                )
+            if is_new and self._tiering.ssd is not None:
                 self._tiering.ssd.save_meta(namespace.id, namespace.encode())
             self._namespaces[namespace.id] = namespace
         return NamespaceInfo(namespace.id, namespace.block_bytes)
@@ -162,16 +189,24 @@ class Store:
             hits = self._index.match(namespace_id, keys)
             return MatchResult(len(hits), tuple(e.tier for e in hits))
 
-    def acquire(self, namespace_id: bytes, keys: Sequence[bytes], device: bool = False) -> Lease:
+    def acquire(
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        device: bool = False,
+        owner: str = LOCAL_OWNER,
+    ) -> Lease:
         """Leases the committed blocks among `keys` for reading; misses get no view.
 
         A block whose checksum fails is removed and reported as a miss. `device`: the
         reader takes device memory, so blocks with a device copy (HBM) are served from it,
-        and the others read from DRAM get one for next time.
+        and the others read from DRAM get one for next time. `owner`: the client the lease
+        counts against (`TooManyLeasesError` past its limit or the node's).
         """
         with self._lock:
             self.expire()
             self._check_keys(namespace_id, keys)
+            self._lease_counts.check(owner)
             entries = [self._index.readable(namespace_id, key) for key in keys]
             for entry in entries:  # pinned first: promoting one must not evict another
                 if entry is not None:
@@ -193,16 +228,16 @@ class Store:
             self._counters.bytes_read += sum(e.nbytes for e in hits)
             lease_id = next(self._ids)
             expires_at = self.clock() + self.config.lease_timeout_s
+            self._lease_counts.add(owner)
             found = {i: v for i, v in enumerate(views) if v is not None}
-            self._leases[lease_id] = _Lease(hits, found, expires_at)
+            self._leases[lease_id] = _Lease(hits, found, expires_at, owner)
             return Lease(lease_id, tuple(views), expires_at)
 
     def release(self, lease_id: int) -> None:
         """Ends a lease; a no-op if it already expired."""
         with self._lock:
-            lease = self._leases.pop(lease_id, None)
-            if lease is not None:
-                self._end_lease(lease)
+            if lease_id in self._leases:
+                self._end_lease(self._close_lease(lease_id))
 
     def read(self, namespace_id: bytes, keys: Sequence[bytes]) -> list[bytes | None]:
         """Copies of the committed blocks among `keys` (None for a miss)."""
@@ -237,6 +272,7 @@ class Store:
         namespace_id: bytes,
         keys: Sequence[bytes],
         parents: Sequence[bytes | None] | None = None,
+        owner: str = LOCAL_OWNER,
     ) -> ReserveResult:
         """Allocates a slot for each key not yet present, evicting as needed.
 
@@ -244,7 +280,8 @@ class Store:
         this namespace or earlier in `keys`, never the key itself (else a `BadParentError`,
         see `kvstore.chains`). All or nothing: raises `StoreFullError` and reserves nothing
         if any slot cannot be had. A call with nothing to reserve (every key present or in
-        flight) opens no reservation: its id is `NO_RESERVATION`.
+        flight) opens no reservation: its id is `NO_RESERVATION`. `owner`: the client the
+        reservation counts against (`TooManyReservationsError` past its limit or the node's).
         """
         with self._lock:
             self.expire()
@@ -259,18 +296,13 @@ class Store:
             self._tiering.touch([e for e in parent_entries if e is not None])
             if not todo:
                 return ReserveResult(NO_RESERVATION, tuple(statuses))
+            self._reservation_counts.check(owner)
             slots = self._tiering.allocate(block_bytes, len(todo))
             entries = {
                 i: Entry(keys[i], namespace_id, parents[i], block_bytes, slot)
                 for i, slot in zip(todo, slots, strict=True)
             }
-            for entry in entries.values():
-                self._index.add(entry)
-            rid = next(self._ids)
-            expires_at = self.clock() + self.config.reservation_timeout_s
-            self._reservations[rid] = _Reservation(
-                namespace_id, entries, dict.fromkeys(entries, 0), expires_at
-            )
+            rid = self._open_reservation(namespace_id, entries, owner)
             return ReserveResult(rid, tuple(statuses))
 
     def write(self, reservation_id: int, index: int, offset: int, data: memoryview | bytes) -> None:
@@ -360,7 +392,7 @@ class Store:
                 raise errors.ChecksumMismatchError(
                     f"blocks {bad[:8]} arrived short or altered (bad checksum); nothing committed"
                 )
-            del self._reservations[reservation_id]
+            self._close_reservation(reservation_id)
             for i, entry in res.entries.items():
                 entry.checksum = crcs[i]
                 entry.state = BlockState.COMMITTED
@@ -375,7 +407,7 @@ class Store:
             return
         with self._lock:
             self._drop_reservation(self._reservation(reservation_id))
-            del self._reservations[reservation_id]
+            self._close_reservation(reservation_id)
 
     def remove(self, namespace_id: bytes, keys: Sequence[bytes]) -> int:
         """Removes the committed blocks among `keys`; returns how many were present."""
@@ -394,7 +426,7 @@ class Store:
         with self._lock:
             now = self.clock()
             for rid in [r for r, res in self._reservations.items() if res.expires_at <= now]:
-                self._drop_reservation(self._reservations.pop(rid))
+                self._drop_reservation(self._close_reservation(rid))
                 self._counters.expired_reservations += 1
             for lid in [i for i, lease in self._leases.items() if lease.expires_at <= now]:
                 self._expire_lease(lid)
@@ -434,6 +466,8 @@ class Store:
             assert in_dram == len(t.dram_policy), "DRAM policy and entries disagree"
             assert sum(e.on_ssd for e in committed) == len(t.ssd_policy), "SSD policy"
             assert len(reserved) == self._num_reserved(), "reserved entries without a reservation"
+            assert len(self._reservation_counts) == len(self._reservations), "reservation counts"
+            assert len(self._lease_counts) == len(self._leases), "lease counts"
             leased = [e for lease in self._leases.values() for e in lease.entries]
             stale = {id(e) for e in leased if e.stale_slot is not None}
             assert not any(e.is_demoting for e in self._index), "demotion left a pin"
@@ -512,8 +546,28 @@ class Store:
         return lease
 
     def _expire_lease(self, lease_id: int) -> None:
-        self._end_lease(self._leases.pop(lease_id))
+        self._end_lease(self._close_lease(lease_id))
         self._counters.expired_leases += 1
+
+    def _close_lease(self, lease_id: int) -> _Lease:
+        lease = self._leases.pop(lease_id)
+        self._lease_counts.remove(lease.owner)
+        return lease
+
+    def _open_reservation(self, namespace_id: bytes, entries: dict[int, Entry], owner: str) -> int:
+        for entry in entries.values():
+            self._index.add(entry)
+        rid = next(self._ids)
+        expires_at = self.clock() + self.config.reservation_timeout_s
+        written = dict.fromkeys(entries, 0)
+        self._reservations[rid] = _Reservation(namespace_id, entries, written, expires_at, owner)
+        self._reservation_counts.add(owner)
+        return rid
+
+    def _close_reservation(self, reservation_id: int) -> _Reservation:
+        res = self._reservations.pop(reservation_id)
+        self._reservation_counts.remove(res.owner)
+        return res
 
     def _end_lease(self, lease: _Lease) -> None:
         for entry in lease.entries:

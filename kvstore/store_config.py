@@ -11,9 +11,23 @@ from dataclasses import dataclass
 
 from kvstore import errors
 from kvstore.config import option, parse_bytes
+from kvstore.limits import LAYOUT_FIELDS, NamespaceLimits
 from kvstore.policy import POLICIES
 from tiers.dram import DEFAULT_SLAB_BYTES
 from tiers.hbm import is_cuda_available
+
+_LIMITS = (
+    "max_batch_keys",
+    "max_namespaces",
+    "max_model_id_bytes",
+    "max_dtype_bytes",
+    "max_tenant_salt_bytes",
+    *(f"max_{name}" for name in LAYOUT_FIELDS),
+    "max_reservations_per_client",
+    "max_reservations",
+    "max_leases_per_client",
+    "max_leases",
+)
 
 
 @dataclass(frozen=True)
@@ -28,6 +42,22 @@ class StoreConfig:
     )
     policy: str = option("prefix-2q", f"eviction policy, one of {sorted(POLICIES)}")
     max_batch_keys: int = option(4096, "most keys one call may carry")
+    max_namespaces: int = option(1024, "most namespaces the node registers")
+    max_model_id_bytes: int = option(256, "longest model id of a namespace (UTF-8 bytes)")
+    max_dtype_bytes: int = option(32, "longest dtype name of a namespace (bytes)")
+    max_tenant_salt_bytes: int = option(64, "longest tenant salt of a namespace (bytes)")
+    max_num_layers: int = option(1024, "most layers of a namespace's KV layout")
+    max_num_kv_heads: int = option(1024, "most KV heads of a namespace's KV layout")
+    max_head_dim: int = option(4096, "largest head_dim of a namespace's KV layout")
+    max_block_tokens: int = option(16384, "most tokens per block of a namespace")
+    max_reservations_per_client: int = option(
+        1024, "most open reservations of one client (a gRPC peer; in process: one)"
+    )
+    max_reservations: int = option(16384, "most open reservations in all")
+    max_leases_per_client: int = option(
+        1024, "most open read leases of one client (a gRPC peer; in process: one)"
+    )
+    max_leases: int = option(16384, "most open read leases in all")
     reservation_timeout_s: float = option(30.0, "an uncommitted reservation is freed after this")
     lease_timeout_s: float = option(30.0, "a read lease a client did not release ends after this")
     verify_reads: bool = option(
@@ -56,8 +86,9 @@ class StoreConfig:
             raise errors.InvalidArgumentError(
                 f"unknown policy {self.policy!r}; known: {sorted(POLICIES)}"
             )
-        if self.max_batch_keys < 1:
-            raise errors.InvalidArgumentError("max_batch_keys must be >= 1")
+        for name in _LIMITS:
+            if getattr(self, name) < 1:
+                raise errors.InvalidArgumentError(f"{name} must be >= 1")
         if self.reservation_timeout_s <= 0 or self.lease_timeout_s <= 0:
             raise errors.InvalidArgumentError("timeouts must be positive")
         if self.ssd_policy not in POLICIES:
@@ -79,3 +110,12 @@ class StoreConfig:
                 raise errors.InvalidArgumentError(
                     f"{tier} watermarks need 0 < low <= high <= 1, got {low}, {high}"
                 )
+
+    @property
+    def namespace_limits(self) -> NamespaceLimits:
+        return NamespaceLimits(
+            self.max_model_id_bytes,
+            self.max_dtype_bytes,
+            self.max_tenant_salt_bytes,
+            {name: getattr(self, f"max_{name}") for name in LAYOUT_FIELDS},
+        )

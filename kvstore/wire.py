@@ -9,6 +9,7 @@ from collections.abc import Iterator, Sequence
 
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.keys import KVLayout, Namespace
+from kvstore.limits import LAYOUT_FIELDS, NamespaceLimits
 from kvstore.results import MatchResult, PutStatus, ReserveResult, StoreStats, TierUsage
 
 SERVICE_NAME = "kvstore.v1.KVStore"
@@ -35,8 +36,12 @@ def namespace_to_pb(ns: Namespace) -> pb.Namespace:
     )
 
 
-def namespace_from_pb(msg: pb.Namespace) -> Namespace:
-    """Raises InvalidArgumentError for an invalid layout or empty model id."""
+def namespace_from_pb(msg: pb.Namespace, limits: NamespaceLimits | None = None) -> Namespace:
+    """Raises InvalidArgumentError for an invalid layout or empty model id, and, with
+    `limits`, FieldTooLargeError for a field over them (checked first)."""
+    if limits is not None:
+        layout_fields = {name: getattr(msg, name) for name in LAYOUT_FIELDS}
+        limits.check(msg.model_id, msg.dtype, msg.tenant_salt, layout_fields)
     layout = KVLayout(msg.dtype, msg.num_layers, msg.num_kv_heads, msg.head_dim, msg.block_tokens)
     return Namespace(msg.model_id, layout, msg.tenant_salt)
 

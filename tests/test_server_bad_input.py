@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
 import numpy as np
 import pytest
@@ -128,6 +129,24 @@ def test_invalid_namespace_registration(client, unchanged):
     object.__setattr__(bad.layout, "dtype", "float13")  # bypass the client-side check
     with pytest.raises(errors.InvalidArgumentError, match="dtype"):
         client.register_namespace(bad)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "what"),
+    [
+        ("dtype", "float16" * 5, "dtype has 35 bytes; the limit is 32 (max_dtype_bytes)"),
+        ("model_id", "m" * 300, "model_id has 300 bytes; the limit is 256"),
+        ("tenant_salt", b"s" * 100, "tenant_salt has 100 bytes; the limit is 64"),
+        ("num_layers", 2**32 - 1, "num_layers is 4294967295; the limit is 1024"),
+    ],
+)
+def test_namespace_field_over_its_limit(client, unchanged, field, value, what):
+    bad = Namespace("ok", KVLayout("float16", 4, 2, 64, 16))
+    target = bad if field in ("model_id", "tenant_salt") else bad.layout
+    object.__setattr__(target, field, value)  # bypass the client-side checks
+    with pytest.raises(errors.FieldTooLargeError, match=re.escape(what)):
+        client.register_namespace(bad)
+    assert client.stats().num_namespaces == 1
 
 
 def test_oversize_message(store, client, unchanged):
