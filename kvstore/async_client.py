@@ -40,7 +40,9 @@ from kvstore.client_common import (
     raise_rpc_error,
 )
 from kvstore.dataplane import TRANSPORTS, DataPlaneClient, is_available
+from kvstore.dataplane.base import Admission
 from kvstore.dataplane.buffers import as_transfer_buffer
+from kvstore.dataplane.runtime import client_net_devices
 from kvstore.keys import Namespace
 from kvstore.results import (
     NO_RESERVATION,
@@ -100,10 +102,10 @@ class AsyncClient:
 
     # -- data plane ----------------------------------------------------------------------
 
-    async def _handshake(self, client_address: bytes) -> tuple[bytes, int]:
+    async def _handshake(self, client_address: bytes) -> tuple[bytes, Admission]:
         request = pb.DataPlaneInfoRequest(transport="ucx", client_address=client_address)
         response = await self._call(self._stub.DataPlaneInfo, request)
-        return response.server_address, response.client_id
+        return response.server_address, Admission(response.client_id, response.connection_secret)
 
     async def data_plane(self) -> DataPlaneClient | None:
         """The UCX connection `get_into`/`put` use, made on first use; None means gRPC.
@@ -117,7 +119,7 @@ class AsyncClient:
                 return self._dataplane
             loop = asyncio.get_running_loop()
 
-            def handshake(client_address: bytes) -> tuple[bytes, int]:
+            def handshake(client_address: bytes) -> tuple[bytes, Admission]:
                 # Called on a worker thread while this loop is free to run the call.
                 call = self._handshake(client_address)
                 return asyncio.run_coroutine_threadsafe(call, loop).result()
@@ -126,7 +128,9 @@ class AsyncClient:
                 if not is_available():
                     raise errors.UnavailableError("ucxx is not installed here")
                 client = TRANSPORTS["ucx"].client
-                self._dataplane = await asyncio.to_thread(client, handshake, self.timeout_s)
+                self._dataplane = await asyncio.to_thread(
+                    client, handshake, self.timeout_s, net_devices=client_net_devices(self.address)
+                )
             except errors.UnavailableError:
                 if self.transport == "ucx":
                     raise

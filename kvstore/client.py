@@ -41,7 +41,9 @@ from kvstore.client_common import (
     raise_rpc_error,
 )
 from kvstore.dataplane import TRANSPORTS, DataPlaneClient, is_available
+from kvstore.dataplane.base import Admission
 from kvstore.dataplane.buffers import as_transfer_buffer
+from kvstore.dataplane.runtime import client_net_devices
 from kvstore.keys import Namespace
 from kvstore.results import (
     NO_RESERVATION,
@@ -112,10 +114,10 @@ class Client:
 
     # -- data plane ----------------------------------------------------------------------
 
-    def _handshake(self, client_address: bytes) -> tuple[bytes, int]:
+    def _handshake(self, client_address: bytes) -> tuple[bytes, Admission]:
         request = pb.DataPlaneInfoRequest(transport="ucx", client_address=client_address)
         response = self._call(self._stub.DataPlaneInfo, request)
-        return response.server_address, response.client_id
+        return response.server_address, Admission(response.client_id, response.connection_secret)
 
     def data_plane(self) -> DataPlaneClient | None:
         """The UCX connection `get_into`/`put` use, made on first use; None means gRPC.
@@ -130,7 +132,9 @@ class Client:
             try:
                 if not is_available():
                     raise errors.UnavailableError("ucxx is not installed here")
-                self._dataplane = TRANSPORTS["ucx"].client(self._handshake, self.timeout_s)
+                self._dataplane = TRANSPORTS["ucx"].client(
+                    self._handshake, self.timeout_s, net_devices=client_net_devices(self.address)
+                )
             except errors.UnavailableError:
                 if self.transport == "ucx":
                     raise

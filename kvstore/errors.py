@@ -117,6 +117,10 @@ class TooManyLeasesError(ResourceExhaustedError):
     """The client, or the node, holds as many open read leases as it allows."""
 
 
+class TooManyConnectionsError(ResourceExhaustedError):
+    """The node holds as many data-plane connections as it allows (in all, or per peer)."""
+
+
 class UnavailableError(KVStoreError, ConnectionError):
     """The store cannot be reached."""
 

@@ -51,6 +51,16 @@ class ServerConfig:
         False, "UCX peer error handling (fails fast on a dead peer, but disables shared memory)"
     )
     transfer_timeout_s: float = option(30.0, "a data-plane transfer not done by then fails")
+    max_dataplane_connections: int = option(1024, "most data-plane connections in all")
+    max_dataplane_connections_per_peer: int = option(
+        64, "most data-plane connections from one client address"
+    )
+    dataplane_hello_timeout_s: float = option(
+        10.0, "a data-plane connection that sends no frame by then is dropped"
+    )
+    dataplane_idle_timeout_s: float = option(
+        300.0, "a data-plane connection silent this long is dropped (clients ping every 30 s)"
+    )
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -59,6 +69,10 @@ class ServerConfig:
             raise InvalidArgumentError(f"dataplane must be auto, ucx or none: {self.dataplane!r}")
         if self.transfer_timeout_s <= 0:
             raise InvalidArgumentError("transfer_timeout_s must be positive")
+        if min(self.max_dataplane_connections, self.max_dataplane_connections_per_peer) < 1:
+            raise InvalidArgumentError("data-plane connection limits must be >= 1")
+        if min(self.dataplane_hello_timeout_s, self.dataplane_idle_timeout_s) <= 0:
+            raise InvalidArgumentError("data-plane timeouts must be positive")
         if not 0 < self.chunk_bytes < self.max_message_bytes:
             raise InvalidArgumentError("chunk_bytes must be positive and below max_message_bytes")
 
@@ -185,24 +199,47 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     async def DataPlaneInfo(self, request, context):
         if self.dataplane is None or request.transport != "ucx":
             raise UnavailableError(f"this node has no {request.transport or '?'} data plane")
-        # Connecting waits on the data plane's own thread; keep this loop free meanwhile.
-        client_id = await asyncio.to_thread(self.dataplane.connect, request.client_address)
+        # Checking the address and connecting wait on other threads; keep this loop free.
+        peer = _peer_host(context.peer())
+        admission = await asyncio.to_thread(self.dataplane.connect, request.client_address, peer)
         return pb.DataPlaneInfoResponse(
-            transport="ucx", server_address=self.dataplane.address, client_id=client_id
+            transport="ucx",
+            server_address=self.dataplane.address,
+            client_id=admission.client_id,
+            connection_secret=admission.secret,
         )
+
+
+def _peer_host(peer: str) -> str:
+    """The caller's address without its port ("ipv4:127.0.0.1:5000" -> "ipv4:127.0.0.1")."""
+    host, sep, port = peer.rpartition(":")
+    return host if sep and port.isdigit() else peer
 
 
 def make_dataplane(store: Store, config: ServerConfig) -> DataPlaneServer | None:
     """The node's UCX data plane, or None when disabled (or absent, with `auto`)."""
     from kvstore.dataplane import TRANSPORTS, is_available
+    from kvstore.dataplane.base import ServerSettings
+    from kvstore.dataplane.runtime import net_devices_for
 
     if config.dataplane == "none" or (config.dataplane == "auto" and not is_available()):
         log.info("event=dataplane_off setting=%s", config.dataplane)
         return None
-    dataplane = TRANSPORTS["ucx"].server(
-        store, config.transfer_timeout_s, config.ucx_error_handling
+    settings = ServerSettings(
+        timeout_s=config.transfer_timeout_s,
+        error_handling=config.ucx_error_handling,
+        net_devices=net_devices_for(config.host),
+        max_connections=config.max_dataplane_connections,
+        max_connections_per_peer=config.max_dataplane_connections_per_peer,
+        hello_timeout_s=config.dataplane_hello_timeout_s,
+        idle_timeout_s=config.dataplane_idle_timeout_s,
     )
-    log.info("event=dataplane_on transport=ucx error_handling=%s", config.ucx_error_handling)
+    dataplane = TRANSPORTS["ucx"].server(store, settings)
+    log.info(
+        "event=dataplane_on transport=ucx error_handling=%s net_devices=%s",
+        config.ucx_error_handling,
+        settings.net_devices or "all",
+    )
     return dataplane
 
 

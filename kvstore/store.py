@@ -77,6 +77,7 @@ class Lease:
     lease_id: int
     views: tuple[Any, ...]
     expires_at: float
+    checksums: tuple[int, ...] = ()  # CRC32C of each found block's bytes (0 for a miss)
 
     @property
     def found(self) -> tuple[bool, ...]:
@@ -231,7 +232,9 @@ class Store:
             self._lease_counts.add(owner)
             found = {i: v for i, v in enumerate(views) if v is not None}
             self._leases[lease_id] = _Lease(hits, found, expires_at, owner)
-            return Lease(lease_id, tuple(views), expires_at)
+            sums = iter(e.checksum for e in hits)
+            checksums = tuple(0 if v is None else next(sums) for v in views)
+            return Lease(lease_id, tuple(views), expires_at, checksums)
 
     def release(self, lease_id: int) -> None:
         """Ends a lease; a no-op if it already expired."""

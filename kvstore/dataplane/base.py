@@ -10,12 +10,35 @@ from __future__ import annotations
 import concurrent.futures
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from kvstore import errors
 from kvstore.results import ReserveResult
 
 ChecksumMismatchError = errors.ChecksumMismatchError  # raised by Store.commit
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """How a node's data plane runs and what it lets clients hold (from `ServerConfig`)."""
+
+    timeout_s: float = 30.0  # a transfer not done by then fails and drops its connection
+    error_handling: bool = False  # UCX peer error handling (disables shared memory)
+    net_devices: str = ""  # UCX_NET_DEVICES of the worker; empty: every interface
+    max_connections: int = 1024
+    max_connections_per_peer: int = 64
+    max_address_bytes: int = 8192
+    hello_timeout_s: float = 10.0  # a connection that never sends a frame is dropped
+    idle_timeout_s: float = 300.0  # and one that sends none for this long
+
+
+class Admission(NamedTuple):
+    """What a client learns from the handshake: a connection id (for logs only) and the
+    secret every tag of the connection is derived from."""
+
+    client_id: int
+    secret: bytes
 
 
 class DataPlaneServer(ABC):
@@ -30,10 +53,13 @@ class DataPlaneServer(ABC):
         """Opaque address a client needs to reach this server (e.g. a UCX worker address)."""
 
     @abstractmethod
-    def connect(self, client_address: bytes) -> int:
-        """Admits a client reachable at `client_address`; returns its connection id.
+    def connect(self, client_address: bytes, peer: str) -> Admission:
+        """Admits a client reachable at `client_address`, calling from `peer` (its network
+        identity, for per-peer limits).
 
-        Raises UnavailableError if the client cannot be reached.
+        Raises InvalidArgumentError for an address the transport cannot use (checked where
+        it cannot harm this process), TooManyConnectionsError past a connection limit,
+        UnavailableError if the client cannot be reached.
         """
 
     @abstractmethod
@@ -55,8 +81,9 @@ class DataPlaneClient(ABC):
         """Receives each committed block of `keys` straight into `buffers[i]`, without
         waiting: the future gives which keys were found, and calls can be pipelined.
 
-        A missed key's buffer is left untouched. The store holds a lease on the blocks
-        until they have arrived.
+        A missed key's buffer is left untouched. A block whose bytes do not match the
+        CRC32C the node sent for it is reported missed too (its buffer then holds
+        unspecified bytes). The store holds a lease on the blocks until they have arrived.
         """
 
     @abstractmethod

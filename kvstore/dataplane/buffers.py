@@ -74,3 +74,16 @@ def _torch_uint8(tensor: Any) -> Any:
 
     del tensor
     return torch.uint8
+
+
+def host_bytes(buf: TransferBuffer) -> Any:
+    """Host memory holding `buf`'s bytes, for checksumming: the buffer itself, or a copy of
+    device memory (through cupy or torch, whichever made it)."""
+    if not buf.is_device:
+        return buf.obj
+    obj = buf.obj
+    if type(obj).__module__.startswith("torch"):
+        return obj.detach().reshape(-1).view(dtype=_torch_uint8(obj)).cpu().numpy()
+    import cupy  # a device buffer that is not torch's: cupy, or an interface cupy reads
+
+    return cupy.asnumpy(cupy.asarray(obj)).view("uint8").reshape(-1)

@@ -1,33 +1,48 @@
-"""Binary framing of the data plane: tags, request headers and replies.
+"""Binary framing of the data plane: tags, request frames and replies.
 
-No protobuf here: a request is one small struct-packed message, the block bytes travel as
+No protobuf here: a request is one small struct-packed frame, the block bytes travel as
 separate tagged messages straight between the caller's buffers and the store's slots.
 
-Tag layout (64 bits), one tag per message so replies of pipelined requests never mix:
+UCX matches tagged messages worker-wide, whoever sent them, so a tag is the only thing that
+binds a message to its connection. Tags are therefore derived from the connection's secret
+(16 random bytes handed out by the gRPC handshake, never sent over UCX):
 
-| bits  | field   | meaning                                             |
-|-------|---------|-----------------------------------------------------|
-| 60-63 | kind    | REQUEST, REPLY, BLOCK, DONE                         |
-| 40-59 | client  | connection id the server handed out over gRPC       |
-| 16-39 | request | per-connection request counter (wraps)              |
-| 0-15  | index   | block position in the request (BLOCK only)          |
+| bits  | field   | meaning                                                            |
+|-------|---------|--------------------------------------------------------------------|
+| 60-63 | kind    | REQUEST, REPLY, BLOCK, DONE                                        |
+| 16-59 | request | keyed BLAKE2b of the request id under the secret (44 bits)         |
+| 0-15  | index   | block position in the request (BLOCK only)                         |
+
+A peer without the secret cannot send a frame any receive of this connection matches, nor
+receive one meant for it. Request ids only have to be unique among a connection's calls in
+flight; they are never identity.
+
+Frames are checked exactly: a frame states its length and ends with the CRC32C of what
+precedes it, the body must be exactly as long as its header implies, and the zeroed receive
+buffer must hold nothing past the frame. UCX does not say how many bytes a receive got, so
+this is what tells a short frame from a zero-padded one, or a long one from a full buffer.
 """
 
 from __future__ import annotations
 
 import enum
+import hashlib
 import struct
 from collections.abc import Sequence
 from typing import NamedTuple
 
 from kvstore import errors
+from kvstore.checksum import checksum
 from kvstore.keys import KEY_BYTES
 
-MAX_CLIENTS = 1 << 20
-MAX_REQUESTS = 1 << 24
+SECRET_BYTES = 16
 MAX_BLOCKS = 1 << 16
-_HEAD = struct.Struct("<BIQB")  # op, num_keys, block_bytes, has_parents
-_REPLY = struct.Struct("<BQQ")  # is_error, reservation_id, block_bytes
+_LEN = struct.Struct("<I")  # frame length, trailer included
+_CRC = struct.Struct("<I")
+_HEAD = struct.Struct("<BIQBQ")  # op, num_keys, block_bytes, has_parents, request_id
+_REPLY = struct.Struct("<BQQI")  # is_error, reservation_id, block_bytes, num_flags
+_REQUEST_BITS = 44
+_MAX_ERROR_TEXT = 1000
 
 
 class Kind(enum.IntEnum):
@@ -41,13 +56,48 @@ class Op(enum.IntEnum):
     GET = 1
     PUT = 2
     CLOSE = 3
+    PING = 4  # no reply: says the client holds the secret and is alive
 
 
-def tag(kind: Kind, client_id: int, request_id: int = 0, index: int = 0) -> int:
-    """The 64-bit tag of one message (see the module table)."""
-    assert 0 <= client_id < MAX_CLIENTS, "client id out of range"
-    assert 0 <= index < MAX_BLOCKS, "block index out of range"
-    return (kind << 60) | (client_id << 40) | ((request_id % MAX_REQUESTS) << 16) | index
+_OPS = frozenset(op.value for op in Op)
+
+
+class Tags:
+    """The tags of one connection, derived from its secret."""
+
+    def __init__(self, secret: bytes) -> None:
+        if len(secret) != SECRET_BYTES:
+            raise errors.InvalidArgumentError(f"connection secret must be {SECRET_BYTES} bytes")
+        self.secret = secret
+        self.request = self.tag(Kind.REQUEST, 0)  # every request frame of the connection
+
+    def base(self, request_id: int) -> int:
+        digest = hashlib.blake2b(
+            request_id.to_bytes(8, "little"), key=self.secret, digest_size=8
+        ).digest()
+        return (int.from_bytes(digest, "little") & ((1 << _REQUEST_BITS) - 1)) << 16
+
+    def tag(self, kind: Kind, request_id: int, index: int = 0) -> int:
+        """The tag of one message of request `request_id` (see the module table)."""
+        assert 0 <= index < MAX_BLOCKS, "block index out of range"
+        return (kind << 60) | self.base(request_id) | index
+
+
+class RequestTags(NamedTuple):
+    """A request's tags, derived once: `block(i)` is a bit-or, not a hash."""
+
+    reply: int
+    done: int
+    block_base: int
+
+    @classmethod
+    def of(cls, tags: Tags, request_id: int) -> RequestTags:
+        base = tags.base(request_id)
+        return cls((Kind.REPLY << 60) | base, (Kind.DONE << 60) | base, (Kind.BLOCK << 60) | base)
+
+    def block(self, index: int) -> int:
+        assert 0 <= index < MAX_BLOCKS, "block index out of range"
+        return self.block_base | index
 
 
 class Request(NamedTuple):
@@ -62,16 +112,43 @@ class Request(NamedTuple):
     checksums: tuple[int, ...] = ()
 
 
+def _seal(body: bytes) -> bytes:
+    """`body` framed: its length in front, the CRC32C of both behind."""
+    head = _LEN.pack(_LEN.size + len(body) + _CRC.size) + body
+    return head + _CRC.pack(checksum(head))
+
+
+def _unseal(data: memoryview, what: str) -> memoryview:
+    """The body of a sealed frame received into `data` (which may be longer)."""
+    if len(data) < _LEN.size + _CRC.size:
+        raise errors.InvalidArgumentError(f"{what} frame of {len(data)} bytes is too short")
+    (length,) = _LEN.unpack_from(data)
+    if not _LEN.size + _CRC.size <= length <= len(data):
+        raise errors.InvalidArgumentError(
+            f"{what} frame says {length} bytes; 8 to {len(data)} fit its buffer"
+        )
+    (crc,) = _CRC.unpack_from(data, length - _CRC.size)
+    if checksum(data[: length - _CRC.size]) != crc:
+        raise errors.InvalidArgumentError(f"{what} frame is damaged or short (bad checksum)")
+    if data[length:].tobytes().strip(b"\0"):  # the buffer was zeroed: bytes past the frame
+        raise errors.InvalidArgumentError(f"{what} frame is longer than the {length} it says")
+    return data[_LEN.size : length - _CRC.size]
+
+
 def request_bytes(max_keys: int) -> int:
     """Largest encoded request for `max_keys` keys: the server's receive buffer size."""
-    return _HEAD.size + 8 + KEY_BYTES + max_keys * (2 * KEY_BYTES + 4)
+    return _LEN.size + _HEAD.size + KEY_BYTES + max_keys * (2 * KEY_BYTES + 4) + _CRC.size
+
+
+def _body_bytes(op: int, num_keys: int, has_parents: bool) -> int:
+    per_key = KEY_BYTES * (2 if has_parents else 1) + (4 if op == Op.PUT else 0)
+    return _HEAD.size + KEY_BYTES + num_keys * per_key
 
 
 def encode_request(req: Request) -> bytes:
     keys = req.keys
     parts = [
-        _HEAD.pack(req.op, len(keys), req.block_bytes, req.parents is not None),
-        struct.pack("<Q", req.request_id),
+        _HEAD.pack(req.op, len(keys), req.block_bytes, req.parents is not None, req.request_id),
         req.namespace_id.ljust(KEY_BYTES, b"\0")[:KEY_BYTES],
         b"".join(keys),
     ]
@@ -79,66 +156,89 @@ def encode_request(req: Request) -> bytes:
         parts.append(b"".join(p or bytes(KEY_BYTES) for p in req.parents))
     if req.op is Op.PUT:
         parts.append(struct.pack(f"<{len(keys)}I", *req.checksums))
-    return b"".join(parts)
+    return _seal(b"".join(parts))
 
 
 def decode_request(data: memoryview) -> Request:
-    """Raises InvalidArgumentError for a truncated or malformed request."""
-    try:
-        op, num_keys, block_bytes, has_parents = _HEAD.unpack_from(data)
-        (request_id,) = struct.unpack_from("<Q", data, _HEAD.size)
-        pos = _HEAD.size + 8
-        namespace_id = bytes(data[pos : pos + KEY_BYTES])
-        pos += KEY_BYTES
-        keys, pos = _keys_at(data, pos, num_keys)
-        parents = None
-        if has_parents:
-            raw, pos = _keys_at(data, pos, num_keys)
-            parents = tuple(None if p == bytes(KEY_BYTES) else p for p in raw)
-        checksums: tuple[int, ...] = ()
-        if op == Op.PUT:
-            checksums = struct.unpack_from(f"<{num_keys}I", data, pos)
-        return Request(Op(op), request_id, namespace_id, keys, block_bytes, parents, checksums)
-    except (struct.error, ValueError) as exc:
-        raise errors.InvalidArgumentError(f"malformed data-plane request: {exc}") from None
+    """Raises InvalidArgumentError for a short, long, damaged or malformed request."""
+    body = _unseal(data, "request")
+    if len(body) < _HEAD.size + KEY_BYTES:
+        raise errors.InvalidArgumentError(f"request body of {len(body)} bytes is too short")
+    op, num_keys, block_bytes, has_parents, request_id = _HEAD.unpack_from(body)
+    if op not in _OPS or has_parents not in (0, 1):
+        raise errors.InvalidArgumentError(f"request has unknown op {op} or flags {has_parents}")
+    expected = _body_bytes(op, num_keys, bool(has_parents))
+    if len(body) != expected:
+        raise errors.InvalidArgumentError(
+            f"request of {num_keys} keys needs {expected} bytes, got {len(body)}"
+        )
+    pos = _HEAD.size
+    namespace_id = bytes(body[pos : pos + KEY_BYTES])
+    keys, pos = _keys_at(body, pos + KEY_BYTES, num_keys)
+    parents = None
+    if has_parents:
+        raw, pos = _keys_at(body, pos, num_keys)
+        parents = tuple(None if p == bytes(KEY_BYTES) else p for p in raw)
+    checksums: tuple[int, ...] = ()
+    if op == Op.PUT:
+        checksums = struct.unpack_from(f"<{num_keys}I", body, pos)
+    return Request(Op(op), request_id, namespace_id, keys, block_bytes, parents, checksums)
 
 
 def _keys_at(data: memoryview, pos: int, num: int) -> tuple[tuple[bytes, ...], int]:
     end = pos + num * KEY_BYTES
-    if end > len(data):
-        raise ValueError("keys run past the end of the message")
     raw = bytes(data[pos:end])
     return tuple(raw[i : i + KEY_BYTES] for i in range(0, len(raw), KEY_BYTES)), end
 
 
 class Reply(NamedTuple):
-    """The server's answer to a request: per-block flags, or a typed error."""
+    """The server's answer to a request: per-block flags, or a typed error.
+
+    A GET reply also carries the CRC32C of every block it sends (`checksums`, in key order
+    over the found keys), which the client checks each block against as it lands.
+    """
 
     flags: tuple[int, ...] = ()  # GET: 1 found / 0 missed; PUT: PutStatus values
     reservation_id: int = 0
     block_bytes: int = 0
     error: errors.KVStoreError | None = None
+    checksums: tuple[int, ...] = ()
 
 
 def reply_bytes(num_keys: int) -> int:
     """Receive buffer for a reply to `num_keys` keys (room for an error message)."""
-    return _REPLY.size + max(num_keys, 1) + 1024
+    body = _REPLY.size + max(num_keys * 5, _MAX_ERROR_TEXT + 64)
+    return _LEN.size + body + _CRC.size
 
 
 def encode_reply(reply: Reply) -> bytes:
     if reply.error is not None:
         text = f"{type(reply.error).__name__}\n{reply.error.code}\n{reply.error}"
-        return _REPLY.pack(1, 0, 0) + text.encode()[:1000]
-    return _REPLY.pack(0, reply.reservation_id, reply.block_bytes) + bytes(reply.flags)
+        raw = text.encode()[:_MAX_ERROR_TEXT]
+        return _seal(_REPLY.pack(1, 0, 0, len(raw)) + raw)
+    head = _REPLY.pack(0, reply.reservation_id, reply.block_bytes, len(reply.flags))
+    sums = struct.pack(f"<{len(reply.checksums)}I", *reply.checksums)
+    return _seal(head + bytes(reply.flags) + sums)
 
 
-def decode_reply(data: memoryview, num_keys: int) -> Reply:
-    is_error, reservation_id, block_bytes = _REPLY.unpack_from(data)
-    body = bytes(data[_REPLY.size :])
+def decode_reply(data: memoryview, num_keys: int, with_checksums: bool = False) -> Reply:
+    """Raises InvalidArgumentError unless the reply is exactly one for `num_keys` keys."""
+    body = _unseal(data, "reply")
+    if len(body) < _REPLY.size:
+        raise errors.InvalidArgumentError(f"reply body of {len(body)} bytes is too short")
+    is_error, reservation_id, block_bytes, num = _REPLY.unpack_from(body)
+    rest = bytes(body[_REPLY.size :])
     if is_error:
-        name, code, message = body.rstrip(b"\0").decode(errors="replace").split("\n", 2)
-        return Reply(error=errors.error_class(name, code)(message))
-    return Reply(tuple(body[:num_keys]), reservation_id, block_bytes)
+        parts = rest[:num].decode(errors="replace").split("\n", 2)
+        if len(parts) != 3 or len(rest) != num:
+            raise errors.InvalidArgumentError("error reply is malformed")
+        return Reply(error=errors.error_class(parts[0], parts[1])(parts[2]))
+    flags = tuple(rest[:num])
+    num_sums = sum(f != 0 for f in flags) if with_checksums else 0
+    if num != num_keys or len(rest) != num + 4 * num_sums:
+        raise errors.InvalidArgumentError(f"reply does not answer a request of {num_keys} keys")
+    checksums = struct.unpack_from(f"<{num_sums}I", rest, num)
+    return Reply(flags, reservation_id, block_bytes, None, checksums)
 
 
 def check_num_blocks(num: int, label: str = "blocks") -> None:

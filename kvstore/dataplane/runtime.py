@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import fcntl
 import importlib
+import ipaddress
 import logging
 import os
+import socket
+import struct
 import threading
 from collections.abc import Awaitable, Coroutine
 from typing import Any, TypeVar
@@ -53,11 +57,52 @@ def is_available() -> bool:
     return True
 
 
-class UcxRuntime:
-    """Owns one ucxx worker, progressed by a daemon thread with a private event loop."""
+_SIOCGIFADDR = 0x8915
 
-    def __init__(self, name: str) -> None:
+
+def net_devices_for(host: str) -> str:
+    """UCX_NET_DEVICES that keep a worker on the interface of `host`: "lo" for loopback,
+    the interface holding `host`, or "" (every interface) for a wildcard or unknown host."""
+    try:
+        addr = ipaddress.ip_address(socket.gethostbyname(host))
+    except (OSError, ValueError):
+        return ""
+    if addr.is_loopback:
+        return "lo"
+    if addr.is_unspecified:
+        return ""
+    return next((n for n in _interfaces() if _ipv4_of(n) == str(addr)), "")
+
+
+def client_net_devices(server_address: str) -> str:
+    """UCX_NET_DEVICES for a client of the node at `server_address` ("host:port")."""
+    host = server_address.rsplit(":", 1)[0].strip("[]")
+    return "lo" if net_devices_for(host) == "lo" else ""
+
+
+def _interfaces() -> list[str]:
+    return [name for _, name in socket.if_nameindex()]
+
+
+def _ipv4_of(name: str) -> str | None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            raw = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()))
+        except OSError:
+            return None
+    return socket.inet_ntoa(raw[20:24])
+
+
+class UcxRuntime:
+    """Owns one ucxx worker, progressed by a daemon thread with a private event loop.
+
+    `ucx_config`: UCX settings of this worker only, without the `UCX_` prefix
+    (`{"NET_DEVICES": "lo"}`); the environment still applies to everything else.
+    """
+
+    def __init__(self, name: str, ucx_config: dict[str, str] | None = None) -> None:
         self._ucxx = load_ucxx()
+        self.ucx_config = dict(ucx_config or {})
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -73,7 +118,9 @@ class UcxRuntime:
         # Python futures are completed by ucxx's notifier thread; without it every pending
         # request (a server always has its next receive posted) is polled with
         # `asyncio.sleep(0)` and the loop spins a core even when idle.
-        return ApplicationContext(progress_mode="thread", enable_python_future=True)
+        return ApplicationContext(
+            config_dict=self.ucx_config, progress_mode="thread", enable_python_future=True
+        )
 
     @property
     def ucxx(self) -> Any:

@@ -1,8 +1,11 @@
 """The client's UCX side: one worker and one endpoint to one store node.
 
 The gRPC handshake (a callable, so this module never sees protobuf) trades this worker's
-address for the node's and a connection id. Calls from any thread run on the client's
-own UCX loop; several calls in flight at once are pipelined over the one endpoint.
+address for the node's, a connection id and the connection's secret, from which every tag
+is derived (`frames.Tags`). Calls from any thread run on the client's own UCX loop; several
+calls in flight at once are pipelined over the one endpoint. An idle client pings, so the
+node keeps the connection. Every block a get receives is checked against the CRC32C the
+node sent for it; one that fails is reported missed, never as found.
 """
 
 from __future__ import annotations
@@ -17,9 +20,9 @@ from typing import Any, TypeVar
 from kvstore import errors
 from kvstore.checksum import checksum
 from kvstore.dataplane import frames
-from kvstore.dataplane.base import DataPlaneClient
-from kvstore.dataplane.buffers import TransferBuffer, as_transfer_buffer
-from kvstore.dataplane.frames import Kind, Op, Reply, Request
+from kvstore.dataplane.base import Admission, DataPlaneClient
+from kvstore.dataplane.buffers import TransferBuffer, as_transfer_buffer, host_bytes
+from kvstore.dataplane.frames import Op, Reply, Request, RequestTags
 from kvstore.dataplane.runtime import UcxRuntime, with_deadline
 from kvstore.dataplane.ucx_server import STATUS_CODES
 from kvstore.keys import KEY_BYTES
@@ -27,24 +30,39 @@ from kvstore.results import PutStatus, ReserveResult
 
 log = logging.getLogger("kvstore.dataplane")
 T = TypeVar("T")
-Handshake = Callable[[bytes], tuple[bytes, int]]  # my worker address -> (server's, my id)
+Handshake = Callable[[bytes], tuple[bytes, Admission]]  # my worker address -> server's, mine
+KEEPALIVE_S = 30.0  # well inside the node's idle timeout (`ServerSettings.idle_timeout_s`)
 
 
 class UcxClient(DataPlaneClient):
-    """Gets into and puts from caller buffers over UCX; every call has a deadline."""
+    """Gets into and puts from caller buffers over UCX; every call has a deadline.
+
+    `net_devices`: UCX_NET_DEVICES of this client's worker ("lo" keeps it on loopback).
+    """
 
     def __init__(
-        self, handshake: Handshake, timeout_s: float = 30.0, error_handling: bool = False
+        self,
+        handshake: Handshake,
+        timeout_s: float = 30.0,
+        error_handling: bool = False,
+        net_devices: str = "",
     ) -> None:
         self.timeout_s = timeout_s
-        self._rt = UcxRuntime("kvstore-ucx-client")
-        self._ids = itertools.count()
+        self.checksum_failures = 0  # received blocks that did not match the node's CRC32C
+        self._rt = UcxRuntime(
+            "kvstore-ucx-client", {"NET_DEVICES": net_devices} if net_devices else None
+        )
+        self._ids = itertools.count(1)
         self._ep: Any = None
         try:
-            server_address, self.client_id = handshake(self._rt.worker_address)
+            server_address, admission = handshake(self._rt.worker_address)
+            self.client_id = admission.client_id
+            self._tags = frames.Tags(admission.secret)
             self._ep = self._rt.call(self._connect(server_address, error_handling), timeout_s)
+            self._rt.call(self._send_request(self._ping()), timeout_s)
+            self._rt.loop.call_soon_threadsafe(self._schedule_ping)
         except BaseException:
-            self._rt.stop()
+            self._abort()
             raise
 
     async def _connect(self, server_address: bytes, error_handling: bool) -> Any:
@@ -56,6 +74,20 @@ class UcxClient(DataPlaneClient):
     @property
     def is_open(self) -> bool:
         return self._ep is not None
+
+    def _ping(self) -> Request:
+        return Request(Op.PING, next(self._ids), b"", (), 0)
+
+    def _schedule_ping(self) -> None:
+        """Pings every KEEPALIVE_S, on the runtime's loop, until the endpoint closes."""
+        if self._ep is not None:
+            self._rt.loop.call_later(KEEPALIVE_S, self._ping_now)
+
+    def _ping_now(self) -> None:
+        if self._ep is not None:
+            ping = with_deadline(self._send_request(self._ping()), self.timeout_s)
+            asyncio.ensure_future(ping).add_done_callback(lambda f: f.exception())
+            self._schedule_ping()
 
     def close(self) -> None:
         if self._ep is None:
@@ -143,41 +175,56 @@ class UcxClient(DataPlaneClient):
 
     async def _send_request(self, req: Request) -> None:
         data = frames.encode_request(req)
-        await self._ep.send(data, tag=frames.tag(Kind.REQUEST, self.client_id), force_tag=True)
+        await self._ep.send(data, tag=self._tags.request, force_tag=True)
 
-    async def _recv_reply(self, req: Request, kind: Kind, num_keys: int) -> Reply:
+    async def _recv_reply(self, tag: int, num_keys: int, with_checksums: bool = False) -> Reply:
         buf = bytearray(frames.reply_bytes(num_keys))
-        tag = frames.tag(kind, self.client_id, req.request_id)
         await self._ep.recv(buf, tag=tag, force_tag=True)
-        reply = frames.decode_reply(memoryview(buf), num_keys)
+        reply = frames.decode_reply(memoryview(buf), num_keys, with_checksums)
         if reply.error is not None:
             raise reply.error
         return reply
 
-    def _block_tag(self, req: Request, index: int) -> int:
-        return frames.tag(Kind.BLOCK, self.client_id, req.request_id, index)
-
     async def _get(self, req: Request, bufs: list[TransferBuffer]) -> tuple[bool, ...]:
-        reply = asyncio.ensure_future(self._recv_reply(req, Kind.REPLY, len(req.keys)))
+        tags = RequestTags.of(self._tags, req.request_id)
+        reply_f = asyncio.ensure_future(self._recv_reply(tags.reply, len(req.keys), True))
         await self._send_request(req)
-        found = tuple(bool(f) for f in (await reply).flags)
-        await asyncio.gather(
+        reply = await reply_f
+        hits = [i for i, f in enumerate(reply.flags) if f]
+        if any(f not in (0, 1) for f in reply.flags) or len(reply.checksums) != len(hits):
+            raise errors.UnavailableError("data-plane get reply is malformed")
+        intact = await asyncio.gather(
             *(
-                self._ep.recv(bufs[i].obj, tag=self._block_tag(req, i), force_tag=True)
-                for i, hit in enumerate(found)
-                if hit
+                self._receive_block(bufs[i], tags.block(i), crc)
+                for i, crc in zip(hits, reply.checksums, strict=True)
             )
         )
-        return found
+        found = [False] * len(req.keys)
+        for i, ok in zip(hits, intact, strict=True):
+            found[i] = ok
+        return tuple(found)
+
+    async def _receive_block(self, buf: TransferBuffer, tag: int, crc: int) -> bool:
+        """Receives one block; whether its bytes match `crc` (summed as it lands, while
+        later blocks are still on their way)."""
+        await self._ep.recv(buf.obj, tag=tag, force_tag=True)
+        if checksum(host_bytes(buf)) == crc:
+            return True
+        self.checksum_failures += 1
+        log.warning("event=ucx_checksum_failure client=%d", self.client_id)
+        return False
 
     async def _put(self, req: Request, bufs: list[TransferBuffer]) -> ReserveResult:
+        tags = RequestTags.of(self._tags, req.request_id)
         await self._send_request(req)
-        reply = await self._recv_reply(req, Kind.REPLY, len(req.keys))
+        reply = await self._recv_reply(tags.reply, len(req.keys))
+        if any(f >= len(STATUS_CODES) for f in reply.flags):
+            raise errors.UnavailableError("data-plane put reply is malformed")
         statuses = tuple(STATUS_CODES[f] for f in reply.flags)
-        done = asyncio.ensure_future(self._recv_reply(req, Kind.DONE, 0))
+        done = asyncio.ensure_future(self._recv_reply(tags.done, 0))
         await asyncio.gather(
             *(
-                self._ep.send(bufs[i].obj, tag=self._block_tag(req, i), force_tag=True)
+                self._ep.send(bufs[i].obj, tag=tags.block(i), force_tag=True)
                 for i, s in enumerate(statuses)
                 if s is PutStatus.RESERVED
             )

@@ -1,17 +1,25 @@
-"""The store node's UCX side: one worker, one request loop per connected client.
+"""The store node's UCX side: one worker, one request loop per admitted connection.
 
-Per request (all tags from `frames.tag`):
+Admission: a client hands its worker address to `DataPlaneInfo` (gRPC). The address is
+checked in a separate process first (`address_check`: UCX aborts on a malformed one), the
+connection gets a secret that every tag of it is derived from (`frames.Tags`), and it must
+send a frame within `hello_timeout_s` and then at least every `idle_timeout_s` (clients
+ping), or it is dropped. Connections are bounded in all and per peer.
 
-    GET  client -> REQUEST; server leases, -> REPLY (found flags), -> BLOCK i per hit
-         straight from the slot (the block's device copy when the node has an HBM tier);
-         the lease ends when every send has completed (the client has the bytes) or the
-         transfer deadline passes.
+Per request (tags from the connection's `frames.Tags`):
+
+    GET  client -> REQUEST; server leases, -> REPLY (found flags and each found block's
+         CRC32C), -> BLOCK i per hit straight from the slot (the block's device copy when
+         the node has an HBM tier); the lease ends when every send has completed (the
+         client has the bytes) or the transfer deadline passes.
     PUT  client -> REQUEST (keys, parents, checksums); server reserves, posts a receive into
          each reserved slot, -> REPLY (statuses); client -> BLOCK i; the server sums each
          slot as its block lands (so summing overlaps the rest of the transfer), compares
          every checksum, commits, -> DONE. A short or altered block aborts the whole reservation.
 
-Requests are handled as concurrent tasks, so a small get never waits behind a large put.
+Requests are handled as concurrent tasks, so a small get never waits behind a large put. A
+frame that is malformed, too large for its buffer or reuses the id of a request in flight
+ends the connection: only a holder of the secret can send one, so its client is broken.
 """
 
 from __future__ import annotations
@@ -20,14 +28,19 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvstore import errors
 from kvstore.checksum import checksum
 from kvstore.dataplane import frames
-from kvstore.dataplane.base import DataPlaneServer
+from kvstore.dataplane.address_check import AddressChecker
+from kvstore.dataplane.base import Admission, DataPlaneServer, ServerSettings
 from kvstore.dataplane.buffers import as_transfer_buffer
-from kvstore.dataplane.frames import Kind, Op, Reply, Request
+from kvstore.dataplane.frames import Op, Reply, Request, RequestTags
 from kvstore.dataplane.runtime import UcxRuntime, with_deadline
 from kvstore.results import PutStatus
 from kvstore.store import Store
@@ -36,88 +49,173 @@ log = logging.getLogger("kvstore.dataplane")
 STATUS_CODES = (PutStatus.RESERVED, PutStatus.PRESENT, PutStatus.IN_FLIGHT)
 
 
+@dataclass
+class _Connection:
+    client_id: int
+    peer: str
+    tags: frames.Tags
+    deadline: float  # dropped if no frame arrives before this (monotonic seconds)
+    ep: Any = None
+    loop_task: asyncio.Task[None] | None = None
+    in_flight: set[int] = field(default_factory=set)  # request ids being handled
+
+
 class UcxServer(DataPlaneServer):
     """Serves `store` over a UCX worker on its own thread."""
 
-    def __init__(self, store: Store, timeout_s: float = 30.0, error_handling: bool = False):
+    def __init__(self, store: Store, settings: ServerSettings | None = None) -> None:
         self.store = store
-        self.timeout_s = timeout_s
-        self.error_handling = error_handling
-        self._rt = UcxRuntime("kvstore-ucx-server")
+        self.settings = settings or ServerSettings()
+        self.timeout_s = self.settings.timeout_s
+        ucx_config = {"NET_DEVICES": self.settings.net_devices} if self.settings.net_devices else {}
+        self._rt = UcxRuntime("kvstore-ucx-server", ucx_config)
+        self._checker = AddressChecker(ucx_config)
         self._ids = itertools.count(1)
-        self._endpoints: dict[int, Any] = {}
-        self._loops: dict[int, asyncio.Task[None]] = {}
+        self._lock = threading.Lock()  # guards `_connections` against the gRPC threads
+        self._connections: dict[int, _Connection] = {}
         self._max_request_bytes = frames.request_bytes(store.config.max_batch_keys)
+        self._reaper = self._rt.submit(self._reap_forever())
 
     @property
     def address(self) -> bytes:
         return self._rt.worker_address
 
-    def connect(self, client_address: bytes) -> int:
-        client_id = next(self._ids) % frames.MAX_CLIENTS or next(self._ids)
-        self._rt.call(self._accept(client_id, client_address), self.timeout_s)
-        log.info("event=ucx_connect client=%d", client_id)
-        return client_id
+    @property
+    def num_connections(self) -> int:
+        with self._lock:
+            return len(self._connections)
+
+    def connect(self, client_address: bytes, peer: str) -> Admission:
+        s = self.settings
+        if not 0 < len(client_address) <= s.max_address_bytes:
+            raise errors.InvalidArgumentError(
+                f"client_address has {len(client_address)} bytes; 1 to {s.max_address_bytes}"
+            )
+        conn = self._admit(peer)
+        try:
+            self._checker.check(client_address)
+            self._rt.call(self._accept(conn, client_address), self.timeout_s)
+        except BaseException:
+            with self._lock:
+                self._connections.pop(conn.client_id, None)
+            raise
+        log.info("event=ucx_connect client=%d peer=%s", conn.client_id, peer)
+        return Admission(conn.client_id, conn.tags.secret)
+
+    def _admit(self, peer: str) -> _Connection:
+        """A new connection for `peer`, counted at once so limits hold under concurrency."""
+        s = self.settings
+        secret = secrets.token_bytes(frames.SECRET_BYTES)
+        conn = _Connection(
+            next(self._ids), peer, frames.Tags(secret), time.monotonic() + s.hello_timeout_s
+        )
+        with self._lock:
+            if len(self._connections) >= s.max_connections:
+                raise errors.TooManyConnectionsError(
+                    f"node holds {len(self._connections)} data-plane connections "
+                    f"(max_dataplane_connections={s.max_connections})"
+                )
+            num_peer = sum(c.peer == peer for c in self._connections.values())
+            if num_peer >= s.max_connections_per_peer:
+                raise errors.TooManyConnectionsError(
+                    f"{peer} holds {num_peer} data-plane connections "
+                    f"(max_dataplane_connections_per_peer={s.max_connections_per_peer})"
+                )
+            self._connections[conn.client_id] = conn
+        return conn
 
     def stop(self) -> None:
-        for client_id in list(self._endpoints):
-            self._rt.loop.call_soon_threadsafe(self._drop, client_id)
+        self._reaper.cancel()
+        with self._lock:
+            ids = list(self._connections)
+        for client_id in ids:
+            self._rt.loop.call_soon_threadsafe(self._drop, client_id, "stopping")
         self._rt.stop()
+        self._checker.close()
 
-    async def _accept(self, client_id: int, client_address: bytes) -> None:
+    async def _accept(self, conn: _Connection, client_address: bytes) -> None:
         address = self._rt.ucxx.get_ucx_address_from_buffer(client_address)
-        ep = await self._rt.ctx.create_endpoint_from_worker_address(
-            address, endpoint_error_handling=self.error_handling
+        conn.ep = await self._rt.ctx.create_endpoint_from_worker_address(
+            address, endpoint_error_handling=self.settings.error_handling
         )
-        self._endpoints[client_id] = ep
-        self._loops[client_id] = asyncio.create_task(self._serve_client(client_id, ep))
+        conn.loop_task = asyncio.create_task(self._serve_client(conn))
 
-    def _drop(self, client_id: int) -> None:
+    def _drop(self, client_id: int, reason: str) -> None:
         """Forgets a client and cancels its in-flight transfers (before slots are freed)."""
-        ep = self._endpoints.pop(client_id, None)
-        loop_task = self._loops.pop(client_id, None)
-        if loop_task is not None and loop_task is not asyncio.current_task():
-            loop_task.cancel()
-        if ep is not None:
+        with self._lock:
+            conn = self._connections.pop(client_id, None)
+        if conn is None:
+            return
+        log.info("event=ucx_disconnect client=%d reason=%s", client_id, reason)
+        if conn.loop_task is not None and conn.loop_task is not asyncio.current_task():
+            conn.loop_task.cancel()
+        if conn.ep is not None:
             with contextlib.suppress(Exception):
-                ep.abort(period=10**8)
+                conn.ep.abort(period=10**8)
 
-    async def _serve_client(self, client_id: int, ep: Any) -> None:
+    def reap(self, now: float | None = None) -> int:
+        """Drops connections past their deadline (at `now`, default the monotonic clock);
+        returns how many. Runs every second on its own; callable from any thread."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            late = [c.client_id for c in self._connections.values() if c.deadline <= now]
+        for client_id in late:
+            self._rt.loop.call_soon_threadsafe(self._drop, client_id, "idle")
+        return len(late)
+
+    async def _reap_forever(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            self.reap()
+
+    async def _serve_client(self, conn: _Connection) -> None:
         pending: set[asyncio.Task[None]] = set()
-        while client_id in self._endpoints:
+        while True:
             buf = bytearray(self._max_request_bytes)
-            await self._rt.ctx.recv(buf, frames.tag(Kind.REQUEST, client_id))
             try:
+                await conn.ep.recv(buf, tag=conn.tags.request, force_tag=True)
                 req = frames.decode_request(memoryview(buf))
-            except errors.InvalidArgumentError as exc:
-                log.warning("event=ucx_bad_request client=%d error=%s", client_id, exc)
-                continue
-            if req.op is Op.CLOSE:
-                log.info("event=ucx_disconnect client=%d", client_id)
-                self._drop(client_id)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a frame too large for `buf`, or malformed
+                log.warning("event=ucx_bad_frame client=%d error=%s", conn.client_id, exc)
+                self._drop(conn.client_id, "bad_frame")
                 return
-            task = asyncio.create_task(self._handle(client_id, ep, req))
+            conn.deadline = time.monotonic() + self.settings.idle_timeout_s
+            if req.op is Op.CLOSE:
+                self._drop(conn.client_id, "closed")
+                return
+            if req.op is Op.PING:
+                continue
+            if req.request_id in conn.in_flight:
+                log.warning("event=ucx_bad_frame client=%d error=request id reused", conn.client_id)
+                self._drop(conn.client_id, "bad_frame")
+                return
+            conn.in_flight.add(req.request_id)
+            task = asyncio.create_task(self._handle(conn, req))
             pending.add(task)
             task.add_done_callback(pending.discard)
 
-    async def _handle(self, client_id: int, ep: Any, req: Request) -> None:
+    async def _handle(self, conn: _Connection, req: Request) -> None:
+        tags = RequestTags.of(conn.tags, req.request_id)
         try:
             if req.op is Op.GET:
-                await self._get(client_id, ep, req)
+                await self._get(conn, tags, req)
             else:
-                await self._put(client_id, ep, req)
+                await self._put(conn, tags, req)
         except errors.DeadlineExceededError:
-            log.warning("event=ucx_timeout client=%d op=%s", client_id, req.op.name)
-            self._drop(client_id)
+            log.warning("event=ucx_timeout client=%d op=%s", conn.client_id, req.op.name)
+            self._drop(conn.client_id, "timeout")
         except Exception:
-            log.exception("event=ucx_error client=%d op=%s", client_id, req.op.name)
-            self._drop(client_id)
+            log.exception("event=ucx_error client=%d op=%s", conn.client_id, req.op.name)
+            self._drop(conn.client_id, "error")
+        finally:
+            conn.in_flight.discard(req.request_id)
 
     async def _send(self, ep: Any, data: Any, tag: int) -> None:
         await ep.send(data, tag=tag, force_tag=True)
 
-    async def _reply(self, client_id: int, ep: Any, req: Request, reply: Reply, kind: Kind) -> None:
-        tag = frames.tag(kind, client_id, req.request_id)
+    async def _reply(self, ep: Any, reply: Reply, tag: int) -> None:
         await with_deadline(self._send(ep, frames.encode_reply(reply), tag), self.timeout_s)
 
     def _check_block_bytes(self, req: Request) -> None:
@@ -135,46 +233,43 @@ class UcxServer(DataPlaneServer):
 
     # -- get -----------------------------------------------------------------------------
 
-    async def _get(self, client_id: int, ep: Any, req: Request) -> None:
+    async def _get(self, conn: _Connection, tags: RequestTags, req: Request) -> None:
         try:
             self._check_block_bytes(req)
             lease = self.store.acquire(req.namespace_id, req.keys, device=True)
         except errors.KVStoreError as exc:
-            await self._reply(client_id, ep, req, Reply(error=exc), Kind.REPLY)
+            await self._reply(conn.ep, Reply(error=exc), tags.reply)
             return
         try:
-            reply = Reply(frames.flags_of(lease.found), 0, req.block_bytes)
-            sends = [
-                self._send(
-                    ep,
-                    frames.encode_reply(reply),
-                    frames.tag(Kind.REPLY, client_id, req.request_id),
-                )
-            ]
+            sums = tuple(
+                c for c, v in zip(lease.checksums, lease.views, strict=True) if v is not None
+            )
+            reply = Reply(frames.flags_of(lease.found), 0, req.block_bytes, checksums=sums)
+            sends = [self._send(conn.ep, frames.encode_reply(reply), tags.reply)]
             sends += [
                 self._send(
-                    ep,
+                    conn.ep,
                     view if isinstance(view, memoryview) else as_transfer_buffer(view, False).obj,
-                    frames.tag(Kind.BLOCK, client_id, req.request_id, i),
+                    tags.block(i),
                 )
                 for i, view in enumerate(lease.views)
                 if view is not None
             ]
             await with_deadline(asyncio.gather(*sends), self.timeout_s)
         except BaseException:
-            self._drop(client_id)  # cancel sends that still read the slots
+            self._drop(conn.client_id, "get_failed")  # cancel sends that still read the slots
             raise
         finally:
             self.store.release(lease.lease_id)
 
     # -- put -----------------------------------------------------------------------------
 
-    async def _put(self, client_id: int, ep: Any, req: Request) -> None:
+    async def _put(self, conn: _Connection, tags: RequestTags, req: Request) -> None:
         try:
             self._check_block_bytes(req)
             reserved = self.store.reserve(req.namespace_id, req.keys, req.parents)
         except errors.KVStoreError as exc:
-            await self._reply(client_id, ep, req, Reply(error=exc), Kind.REPLY)
+            await self._reply(conn.ep, Reply(error=exc), tags.reply)
             return
         rid = reserved.reservation_id
         todo = [i for i, s in enumerate(reserved.statuses) if s is PutStatus.RESERVED]
@@ -182,21 +277,17 @@ class UcxServer(DataPlaneServer):
         try:
             receives = [
                 asyncio.ensure_future(
-                    self._receive_block(
-                        ep,
-                        self.store.reservation_view(rid, i),
-                        frames.tag(Kind.BLOCK, client_id, req.request_id, i),
-                    )
+                    self._receive_block(conn.ep, self.store.reservation_view(rid, i), tags.block(i))
                 )
                 for i in todo
             ]
-            await self._reply(client_id, ep, req, Reply(flags, rid, req.block_bytes), Kind.REPLY)
+            await self._reply(conn.ep, Reply(flags, rid, req.block_bytes), tags.reply)
             crcs = await with_deadline(asyncio.gather(*receives), self.timeout_s)
         except BaseException:
-            self._drop(client_id)  # cancel receives into the slots before they are freed
+            self._drop(conn.client_id, "put_failed")  # cancel receives into the slots first
             self._abort_quietly(rid)
             raise
-        await self._finish_put(client_id, ep, req, rid, dict(zip(todo, crcs, strict=True)))
+        await self._finish_put(conn, tags, req, rid, dict(zip(todo, crcs, strict=True)))
 
     async def _receive_block(self, ep: Any, view: memoryview, tag: int) -> int:
         """Receives one block into its slot; returns the slot's CRC32C, summed on arrival
@@ -205,19 +296,22 @@ class UcxServer(DataPlaneServer):
         return checksum(view)
 
     async def _finish_put(
-        self, client_id: int, ep: Any, req: Request, rid: int, crcs: dict[int, int]
+        self, conn: _Connection, tags: RequestTags, req: Request, rid: int, crcs: dict[int, int]
     ) -> None:
         try:
             for i, crc in crcs.items():
                 self.store.mark_written(rid, i, crc)
-            await asyncio.to_thread(self.store.commit, rid, req.checksums or None)
+            if rid:
+                await asyncio.to_thread(self.store.commit, rid, req.checksums or None)
         except errors.KVStoreError as exc:
             self._abort_quietly(rid)
-            log.warning("event=ucx_put_rejected client=%d error=%s", client_id, exc)
-            await self._reply(client_id, ep, req, Reply(error=exc), Kind.DONE)
+            log.warning("event=ucx_put_rejected client=%d error=%s", conn.client_id, exc)
+            await self._reply(conn.ep, Reply(error=exc), tags.done)
             return
-        await self._reply(client_id, ep, req, Reply(), Kind.DONE)
+        await self._reply(conn.ep, Reply(), tags.done)
 
     def _abort_quietly(self, rid: int) -> None:
+        if not rid:
+            return
         with contextlib.suppress(errors.KVStoreError):
             self.store.abort(rid)
