@@ -50,6 +50,18 @@ def drive_memcpy(cells: list[Cell], reps: int) -> dict[Cell, list[float]]:
     return out
 
 
+def drive_crc32c(cells: list[Cell], reps: int) -> dict[Cell, list[float]]:
+    """CRC32C of every block of a batch on one core: what a data-plane client adds to a get
+    to check the blocks it received (and a sender to a put), before any overlap."""
+    from kvstore.checksum import checksum
+
+    out = {}
+    for op, size, batch in cells:
+        blocks = [np.ones(size, np.uint8) for _ in range(batch)]
+        out[op, size, batch] = _timed(lambda blocks=blocks: [checksum(b) for b in blocks], reps)
+    return out
+
+
 # -- raw TCP -------------------------------------------------------------------------------
 
 
