@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any, NamedTuple, NoReturn
 
@@ -10,6 +11,7 @@ import numpy as np
 
 from kvstore import errors
 from kvstore._proto import kvstore_pb2 as pb
+from kvstore.checksum import checksum
 from kvstore.dataplane.buffers import as_transfer_buffer
 from kvstore.results import PutResult, PutStatus, ReserveResult
 
@@ -17,6 +19,7 @@ DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_CHUNK_BYTES = 1 << 20
 DEFAULT_MAX_MESSAGE_BYTES = 8 << 20
 TRANSPORT_CHOICES = ("auto", "ucx", "grpc")
+log = logging.getLogger("kvstore.client")
 
 Buffer = bytes | bytearray | memoryview | np.ndarray
 
@@ -96,20 +99,40 @@ def copy_into(result: GetResult, buffers: Sequence[Any]) -> tuple[bool, ...]:
 
 
 class GetAssembler:
-    """Rebuilds blocks from a Get stream: a header, then chunks in any block order."""
+    """Rebuilds blocks from a Get stream: a header, then chunks in any block order.
+
+    Every block is checked against the CRC32C the header carries for it; one that does not
+    match (damaged on the node or on the way) is reported missed and counted, never returned.
+    A stream that does not fit its header raises UnavailableError.
+    """
 
     def __init__(self) -> None:
         self.blocks: list[bytearray | None] = []
+        self.checksums: list[int | None] = []
+        self.checksum_failures = 0
 
     def feed(self, msg: pb.GetResponse) -> None:
         if msg.HasField("header"):
-            size = msg.header.block_bytes
-            self.blocks = [bytearray(size) if f else None for f in msg.header.found]
+            header = msg.header
+            if len(header.checksums) != sum(header.found):
+                raise errors.UnavailableError("Get header has no checksum for some block")
+            sums = iter(header.checksums)
+            self.blocks = [bytearray(header.block_bytes) if f else None for f in header.found]
+            self.checksums = [next(sums) if f else None for f in header.found]
             return
         chunk = msg.chunk
-        block = self.blocks[chunk.index]
-        assert block is not None, "chunk for a block the header reported missing"
-        block[chunk.offset : chunk.offset + len(chunk.data)] = chunk.data
+        block = self.blocks[chunk.index] if chunk.index < len(self.blocks) else None
+        end = chunk.offset + len(chunk.data)
+        if block is None or end > len(block):
+            raise errors.UnavailableError(f"Get stream sent bytes outside block {chunk.index}")
+        block[chunk.offset : end] = chunk.data
 
     def result(self) -> GetResult:
-        return GetResult(tuple(self.blocks))
+        blocks = []
+        for block, crc in zip(self.blocks, self.checksums, strict=True):
+            if block is not None and checksum(block) != crc:
+                self.checksum_failures += 1
+                log.warning("event=checksum_failure path=grpc bytes=%d", len(block))
+                block = None
+            blocks.append(block)
+        return GetResult(tuple(blocks))

@@ -172,7 +172,8 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             return
         try:
             block_bytes = self.store.namespace(request.namespace_id).block_bytes
-            header = pb.GetHeader(found=lease.found, block_bytes=block_bytes)
+            sums = [c for c, hit in zip(lease.checksums, lease.found, strict=True) if hit]
+            header = pb.GetHeader(found=lease.found, block_bytes=block_bytes, checksums=sums)
             yield pb.GetResponse(header=header)
             for index in (i for i, is_found in enumerate(lease.found) if is_found):
                 for offset in range(0, block_bytes, self.chunk_bytes):

@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ckvstore/_proto/kvstore.proto\x12\nkvstore.v1\"\x93\x01\n\tNamespace\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\x12\n\nnum_layers\x18\x03 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x04 \x01(\r\x12\x10\n\x08head_dim\x18\x05 \x01(\r\x12\x14\n\x0c\x62lock_tokens\x18\x06 \x01(\r\x12\x13\n\x0btenant_salt\x18\x07 \x01(\x0c\"D\n\x18RegisterNamespaceRequest\x12(\n\tnamespace\x18\x01 \x01(\x0b\x32\x15.kvstore.v1.Namespace\"F\n\x19RegisterNamespaceResponse\x12\x14\n\x0cnamespace_id\x18\x01 \x01(\x0c\x12\x13\n\x0b\x62lock_bytes\x18\x02 \x01(\x04\"2\n\x0cMatchRequest\x12\x14\n\x0cnamespace_id\x18\x01 \x01(\x0c\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\"E\n\rMatchResponse\x12\x13\n\x0bnum_matched\x18\x01 \x01(\r\x12\x1f\n\x05tiers\x18\x02 \x03(\x0e\x32\x10.kvstore.v1.Tier\"I\n\x0eReserveRequest\x12\x14\n\x0cnamespace_id\x18\x01 \x01(\x0c\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\x12\x13\n\x0bparent_keys\x18\x03 \x03(\x0c\"R\n\x0fReserveResponse\x12\x16\n\x0ereservation_id\x18\x01 \x01(\x04\x12\'\n\x08statuses\x18\x02 \x03(\x0e\x32\x15.kvstore.v1.PutStatus\"Q\n\nWriteChunk\x12\x16\n\x0ereservation_id\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\r\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"&\n\rWriteResponse\x12\x15\n\rbytes_written\x18\x01 \x01(\x04\"\'\n\rCommitRequest\x12\x16\n\x0ereservation_id\x18\x01 \x01(\x04\"\'\n\x0e\x43ommitResponse\x12\x15\n\rnum_committed\x18\x01 \x01(\r\"&\n\x0c\x41\x62ortRequest\x12\x16\n\x0ereservation_id\x18\x01 \x01(\x04\"\x0f\n\rAbortResponse\"0\n\nGetRequest\x12\x14\n\x0cnamespace_id\x18\x01 \x01(\x0c\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\"/\n\tGetHeader\x12\r\n\x05\x66ound\x18\x01 \x03(\x08\x12\x13\n\x0b\x62lock_bytes\x18\x02 \x01(\x04\"7\n\x08GetChunk\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"e\n\x0bGetResponse\x12\'\n\x06header\x18\x01 \x01(\x0b\x32\x15.kvstore.v1.GetHeaderH\x00\x12%\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x14.kvstore.v1.GetChunkH\x00\x42\x06\n\x04kind\"3\n\rRemoveRequest\x12\x14\n\x0cnamespace_id\x18\x01 \x01(\x0c\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\"%\n\x0eRemoveResponse\x12\x13\n\x0bnum_removed\x18\x01 \x01(\r\"\x0e\n\x0cStatsRequest\"\xa4\x01\n\tTierUsage\x12\x1e\n\x04tier\x18\x01 \x01(\x0e\x32\x10.kvstore.v1.Tier\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x02 \x01(\x04\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\x12\x12\n\nnum_blocks\x18\x04 \x01(\x04\x12\x0c\n\x04hits\x18\x05 \x01(\x04\x12\x12\n\nbytes_read\x18\x06 \x01(\x04\x12\x15\n\rbytes_written\x18\x07 \x01(\x04\"\xd6\x02\n\rStatsResponse\x12\x12\n\nnum_blocks\x18\x01 \x01(\x04\x12\x16\n\x0enum_namespaces\x18\x02 \x01(\x04\x12\x18\n\x10num_reservations\x18\x03 \x01(\x04\x12\x12\n\nnum_leases\x18\x04 \x01(\x04\x12\x0c\n\x04hits\x18\x05 \x01(\x04\x12\x0e\n\x06misses\x18\x06 \x01(\x04\x12\x11\n\tevictions\x18\x07 \x01(\x04\x12\x18\n\x10\x62locks_committed\x18\x08 \x01(\x04\x12\x15\n\rbytes_written\x18\t \x01(\x04\x12\x12\n\nbytes_read\x18\n \x01(\x04\x12\x19\n\x11\x63hecksum_failures\x18\x0b \x01(\x04\x12\x1c\n\x14\x65xpired_reservations\x18\x0c \x01(\x04\x12\x16\n\x0e\x65xpired_leases\x18\r \x01(\x04\x12$\n\x05tiers\x18\x0e \x03(\x0b\x32\x15.kvstore.v1.TierUsage\"A\n\x14\x44\x61taPlaneInfoRequest\x12\x11\n\ttransport\x18\x01 \x01(\t\x12\x16\n\x0e\x63lient_address\x18\x02 \x01(\x0c\"p\n\x15\x44\x61taPlaneInfoResponse\x12\x11\n\ttransport\x18\x01 \x01(\t\x12\x16\n\x0eserver_address\x18\x02 \x01(\x0c\x12\x11\n\tclient_id\x18\x03 \x01(\r\x12\x19\n\x11\x63onnection_secret\x18\x04 \x01(\x0c\"\x9f\x01\n\x0fGenerateRequest\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\r\x12\x12\n\nmax_tokens\x18\x02 \x01(\r\x12\x13\n\x0btemperature\x18\x03 \x01(\x02\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x05 \x03(\r\x12\x15\n\rreturn_logits\x18\x06 \x01(\x08\x42\x07\n\x05_seed\"\x92\x01\n\rGenerateUsage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\x12\x1b\n\x13local_cached_tokens\x18\x04 \x01(\r\x12\x1b\n\x13store_cached_tokens\x18\x05 \x01(\r\"1\n\x0fGenerateMetrics\x12\x0e\n\x06ttft_s\x18\x01 \x01(\x01\x12\x0e\n\x06tpot_s\x18\x02 \x01(\x01\"\xb8\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12(\n\x05usage\x18\x04 \x01(\x0b\x32\x19.kvstore.v1.GenerateUsage\x12,\n\x07metrics\x18\x05 \x01(\x0b\x32\x1b.kvstore.v1.GenerateMetrics\x12\x0e\n\x06logits\x18\x06 \x01(\x0c\"\r\n\x0bLoadRequest\"\xba\x02\n\x0cLoadResponse\x12\x13\n\x0bnum_waiting\x18\x01 \x01(\r\x12\x13\n\x0bnum_running\x18\x02 \x01(\r\x12\x16\n\x0enum_free_pages\x18\x03 \x01(\r\x12\x11\n\tnum_pages\x18\x04 \x01(\r\x12\x19\n\x11num_cached_blocks\x18\x05 \x01(\r\x12\x14\n\x0c\x62lock_tokens\x18\x06 \x01(\r\x12\x17\n\x0fstore_connected\x18\x07 \x01(\x08\x12\x1f\n\x17num_store_loaded_blocks\x18\x08 \x01(\x04\x12\x14\n\x0c\x62ytes_loaded\x18\t \x01(\x04\x12\x1c\n\x14num_published_blocks\x18\n \x01(\x04\x12\x1a\n\x12num_dropped_blocks\x18\x0b \x01(\x04\x12\x1a\n\x12num_pending_blocks\x18\x0c \x01(\x04*G\n\x04Tier\x12\x14\n\x10TIER_UNSPECIFIED\x10\x00\x12\x0c\n\x08TIER_HBM\x10\x01\x12\r\n\tTIER_DRAM\x10\x02\x12\x0c\n\x08TIER_SSD\x10\x03*r\n\tPutStatus\x12\x1a\n\x16PUT_STATUS_UNSPECIFIED\x10\x00\x12\x17\n\x13PUT_STATUS_RESERVED\x10\x01\x12\x16\n\x12PUT_STATUS_PRESENT\x10\x02\x12\x18\n\x14PUT_STATUS_IN_FLIGHT\x10\x03\x32\xb9\x05\n\x07KVStore\x12`\n\x11RegisterNamespace\x12$.kvstore.v1.RegisterNamespaceRequest\x1a%.kvstore.v1.RegisterNamespaceResponse\x12<\n\x05Match\x12\x18.kvstore.v1.MatchRequest\x1a\x19.kvstore.v1.MatchResponse\x12\x42\n\x07Reserve\x12\x1a.kvstore.v1.ReserveRequest\x1a\x1b.kvstore.v1.ReserveResponse\x12<\n\x05Write\x12\x16.kvstore.v1.WriteChunk\x1a\x19.kvstore.v1.WriteResponse(\x01\x12?\n\x06\x43ommit\x12\x19.kvstore.v1.CommitRequest\x1a\x1a.kvstore.v1.CommitResponse\x12<\n\x05\x41\x62ort\x12\x18.kvstore.v1.AbortRequest\x1a\x19.kvstore.v1.AbortResponse\x12\x38\n\x03Get\x12\x16.kvstore.v1.GetRequest\x1a\x17.kvstore.v1.GetResponse0\x01\x12?\n\x06Remove\x12\x19.kvstore.v1.RemoveRequest\x1a\x1a.kvstore.v1.RemoveResponse\x12<\n\x05Stats\x12\x18.kvstore.v1.StatsRequest\x1a\x19.kvstore.v1.StatsResponse\x12T\n\rDataPlaneInfo\x12 .kvstore.v1.DataPlaneInfoRequest\x1a!.kvstore.v1.DataPlaneInfoResponse2\x93\x01\n\rEngineService\x12G\n\x08Generate\x12\x1b.kvstore.v1.GenerateRequest\x1a\x1c.kvstore.v1.GenerateResponse0\x01\x12\x39\n\x04Load\x12\x17.kvstore.v1.LoadRequest\x1a\x18.kvstore.v1.LoadResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ckvstore/_proto/kvstore.proto\x12\nkvstore.v1\"\x93\x01\n\tNamespace\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\x12\n\nnum_layers\x18\x03 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x04 \x01(\r\x12\x10\n\x08head_dim\x18\x05 \x01(\r\x12\x14\n\x0c\x62lock_tokens\x18\x06 \x01(\r\x12\x13\n\x0btenant_salt\x18\x07 \x01(\x0c\"D\n\x18RegisterNamespaceRequest\x12(\n\tnamespace\x18\x01 \x01(\x0b\x32\x15.kvstore.v1.Namespace\"F\n\x19RegisterNamespaceResponse\x12\x14\n\x0cnamespace_id\x18\x01 \x01(\x0c\x12\x13\n\x0b\x62lock_bytes\x18\x02 \x01(\x04\"2\n\x0cMatchRequest\x12\x14\n\x0cnamespace_id\x18\x01 \x01(\x0c\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\"E\n\rMatchResponse\x12\x13\n\x0bnum_matched\x18\x01 \x01(\r\x12\x1f\n\x05tiers\x18\x02 \x03(\x0e\x32\x10.kvstore.v1.Tier\"I\n\x0eReserveRequest\x12\x14\n\x0cnamespace_id\x18\x01 \x01(\x0c\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\x12\x13\n\x0bparent_keys\x18\x03 \x03(\x0c\"R\n\x0fReserveResponse\x12\x16\n\x0ereservation_id\x18\x01 \x01(\x04\x12\'\n\x08statuses\x18\x02 \x03(\x0e\x32\x15.kvstore.v1.PutStatus\"Q\n\nWriteChunk\x12\x16\n\x0ereservation_id\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\r\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"&\n\rWriteResponse\x12\x15\n\rbytes_written\x18\x01 \x01(\x04\"\'\n\rCommitRequest\x12\x16\n\x0ereservation_id\x18\x01 \x01(\x04\"\'\n\x0e\x43ommitResponse\x12\x15\n\rnum_committed\x18\x01 \x01(\r\"&\n\x0c\x41\x62ortRequest\x12\x16\n\x0ereservation_id\x18\x01 \x01(\x04\"\x0f\n\rAbortResponse\"0\n\nGetRequest\x12\x14\n\x0cnamespace_id\x18\x01 \x01(\x0c\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\"B\n\tGetHeader\x12\r\n\x05\x66ound\x18\x01 \x03(\x08\x12\x13\n\x0b\x62lock_bytes\x18\x02 \x01(\x04\x12\x11\n\tchecksums\x18\x03 \x03(\x07\"7\n\x08GetChunk\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"e\n\x0bGetResponse\x12\'\n\x06header\x18\x01 \x01(\x0b\x32\x15.kvstore.v1.GetHeaderH\x00\x12%\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x14.kvstore.v1.GetChunkH\x00\x42\x06\n\x04kind\"3\n\rRemoveRequest\x12\x14\n\x0cnamespace_id\x18\x01 \x01(\x0c\x12\x0c\n\x04keys\x18\x02 \x03(\x0c\"%\n\x0eRemoveResponse\x12\x13\n\x0bnum_removed\x18\x01 \x01(\r\"\x0e\n\x0cStatsRequest\"\xa4\x01\n\tTierUsage\x12\x1e\n\x04tier\x18\x01 \x01(\x0e\x32\x10.kvstore.v1.Tier\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x02 \x01(\x04\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\x12\x12\n\nnum_blocks\x18\x04 \x01(\x04\x12\x0c\n\x04hits\x18\x05 \x01(\x04\x12\x12\n\nbytes_read\x18\x06 \x01(\x04\x12\x15\n\rbytes_written\x18\x07 \x01(\x04\"\xd6\x02\n\rStatsResponse\x12\x12\n\nnum_blocks\x18\x01 \x01(\x04\x12\x16\n\x0enum_namespaces\x18\x02 \x01(\x04\x12\x18\n\x10num_reservations\x18\x03 \x01(\x04\x12\x12\n\nnum_leases\x18\x04 \x01(\x04\x12\x0c\n\x04hits\x18\x05 \x01(\x04\x12\x0e\n\x06misses\x18\x06 \x01(\x04\x12\x11\n\tevictions\x18\x07 \x01(\x04\x12\x18\n\x10\x62locks_committed\x18\x08 \x01(\x04\x12\x15\n\rbytes_written\x18\t \x01(\x04\x12\x12\n\nbytes_read\x18\n \x01(\x04\x12\x19\n\x11\x63hecksum_failures\x18\x0b \x01(\x04\x12\x1c\n\x14\x65xpired_reservations\x18\x0c \x01(\x04\x12\x16\n\x0e\x65xpired_leases\x18\r \x01(\x04\x12$\n\x05tiers\x18\x0e \x03(\x0b\x32\x15.kvstore.v1.TierUsage\"A\n\x14\x44\x61taPlaneInfoRequest\x12\x11\n\ttransport\x18\x01 \x01(\t\x12\x16\n\x0e\x63lient_address\x18\x02 \x01(\x0c\"p\n\x15\x44\x61taPlaneInfoResponse\x12\x11\n\ttransport\x18\x01 \x01(\t\x12\x16\n\x0eserver_address\x18\x02 \x01(\x0c\x12\x11\n\tclient_id\x18\x03 \x01(\r\x12\x19\n\x11\x63onnection_secret\x18\x04 \x01(\x0c\"\x9f\x01\n\x0fGenerateRequest\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\r\x12\x12\n\nmax_tokens\x18\x02 \x01(\r\x12\x13\n\x0btemperature\x18\x03 \x01(\x02\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x05 \x03(\r\x12\x15\n\rreturn_logits\x18\x06 \x01(\x08\x42\x07\n\x05_seed\"\x92\x01\n\rGenerateUsage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\x12\x1b\n\x13local_cached_tokens\x18\x04 \x01(\r\x12\x1b\n\x13store_cached_tokens\x18\x05 \x01(\r\"1\n\x0fGenerateMetrics\x12\x0e\n\x06ttft_s\x18\x01 \x01(\x01\x12\x0e\n\x06tpot_s\x18\x02 \x01(\x01\"\xb8\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12(\n\x05usage\x18\x04 \x01(\x0b\x32\x19.kvstore.v1.GenerateUsage\x12,\n\x07metrics\x18\x05 \x01(\x0b\x32\x1b.kvstore.v1.GenerateMetrics\x12\x0e\n\x06logits\x18\x06 \x01(\x0c\"\r\n\x0bLoadRequest\"\xba\x02\n\x0cLoadResponse\x12\x13\n\x0bnum_waiting\x18\x01 \x01(\r\x12\x13\n\x0bnum_running\x18\x02 \x01(\r\x12\x16\n\x0enum_free_pages\x18\x03 \x01(\r\x12\x11\n\tnum_pages\x18\x04 \x01(\r\x12\x19\n\x11num_cached_blocks\x18\x05 \x01(\r\x12\x14\n\x0c\x62lock_tokens\x18\x06 \x01(\r\x12\x17\n\x0fstore_connected\x18\x07 \x01(\x08\x12\x1f\n\x17num_store_loaded_blocks\x18\x08 \x01(\x04\x12\x14\n\x0c\x62ytes_loaded\x18\t \x01(\x04\x12\x1c\n\x14num_published_blocks\x18\n \x01(\x04\x12\x1a\n\x12num_dropped_blocks\x18\x0b \x01(\x04\x12\x1a\n\x12num_pending_blocks\x18\x0c \x01(\x04*G\n\x04Tier\x12\x14\n\x10TIER_UNSPECIFIED\x10\x00\x12\x0c\n\x08TIER_HBM\x10\x01\x12\r\n\tTIER_DRAM\x10\x02\x12\x0c\n\x08TIER_SSD\x10\x03*r\n\tPutStatus\x12\x1a\n\x16PUT_STATUS_UNSPECIFIED\x10\x00\x12\x17\n\x13PUT_STATUS_RESERVED\x10\x01\x12\x16\n\x12PUT_STATUS_PRESENT\x10\x02\x12\x18\n\x14PUT_STATUS_IN_FLIGHT\x10\x03\x32\xb9\x05\n\x07KVStore\x12`\n\x11RegisterNamespace\x12$.kvstore.v1.RegisterNamespaceRequest\x1a%.kvstore.v1.RegisterNamespaceResponse\x12<\n\x05Match\x12\x18.kvstore.v1.MatchRequest\x1a\x19.kvstore.v1.MatchResponse\x12\x42\n\x07Reserve\x12\x1a.kvstore.v1.ReserveRequest\x1a\x1b.kvstore.v1.ReserveResponse\x12<\n\x05Write\x12\x16.kvstore.v1.WriteChunk\x1a\x19.kvstore.v1.WriteResponse(\x01\x12?\n\x06\x43ommit\x12\x19.kvstore.v1.CommitRequest\x1a\x1a.kvstore.v1.CommitResponse\x12<\n\x05\x41\x62ort\x12\x18.kvstore.v1.AbortRequest\x1a\x19.kvstore.v1.AbortResponse\x12\x38\n\x03Get\x12\x16.kvstore.v1.GetRequest\x1a\x17.kvstore.v1.GetResponse0\x01\x12?\n\x06Remove\x12\x19.kvstore.v1.RemoveRequest\x1a\x1a.kvstore.v1.RemoveResponse\x12<\n\x05Stats\x12\x18.kvstore.v1.StatsRequest\x1a\x19.kvstore.v1.StatsResponse\x12T\n\rDataPlaneInfo\x12 .kvstore.v1.DataPlaneInfoRequest\x1a!.kvstore.v1.DataPlaneInfoResponse2\x93\x01\n\rEngineService\x12G\n\x08Generate\x12\x1b.kvstore.v1.GenerateRequest\x1a\x1c.kvstore.v1.GenerateResponse0\x01\x12\x39\n\x04Load\x12\x17.kvstore.v1.LoadRequest\x1a\x18.kvstore.v1.LoadResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'kvstore._proto.kvstore_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TIER']._serialized_start=2821
-  _globals['_TIER']._serialized_end=2892
-  _globals['_PUTSTATUS']._serialized_start=2894
-  _globals['_PUTSTATUS']._serialized_end=3008
+  _globals['_TIER']._serialized_start=2840
+  _globals['_TIER']._serialized_end=2911
+  _globals['_PUTSTATUS']._serialized_start=2913
+  _globals['_PUTSTATUS']._serialized_end=3027
   _globals['_NAMESPACE']._serialized_start=45
   _globals['_NAMESPACE']._serialized_end=192
   _globals['_REGISTERNAMESPACEREQUEST']._serialized_start=194
@@ -64,39 +64,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETREQUEST']._serialized_start=880
   _globals['_GETREQUEST']._serialized_end=928
   _globals['_GETHEADER']._serialized_start=930
-  _globals['_GETHEADER']._serialized_end=977
-  _globals['_GETCHUNK']._serialized_start=979
-  _globals['_GETCHUNK']._serialized_end=1034
-  _globals['_GETRESPONSE']._serialized_start=1036
-  _globals['_GETRESPONSE']._serialized_end=1137
-  _globals['_REMOVEREQUEST']._serialized_start=1139
-  _globals['_REMOVEREQUEST']._serialized_end=1190
-  _globals['_REMOVERESPONSE']._serialized_start=1192
-  _globals['_REMOVERESPONSE']._serialized_end=1229
-  _globals['_STATSREQUEST']._serialized_start=1231
-  _globals['_STATSREQUEST']._serialized_end=1245
-  _globals['_TIERUSAGE']._serialized_start=1248
-  _globals['_TIERUSAGE']._serialized_end=1412
-  _globals['_STATSRESPONSE']._serialized_start=1415
-  _globals['_STATSRESPONSE']._serialized_end=1757
-  _globals['_DATAPLANEINFOREQUEST']._serialized_start=1759
-  _globals['_DATAPLANEINFOREQUEST']._serialized_end=1824
-  _globals['_DATAPLANEINFORESPONSE']._serialized_start=1826
-  _globals['_DATAPLANEINFORESPONSE']._serialized_end=1938
-  _globals['_GENERATEREQUEST']._serialized_start=1941
-  _globals['_GENERATEREQUEST']._serialized_end=2100
-  _globals['_GENERATEUSAGE']._serialized_start=2103
-  _globals['_GENERATEUSAGE']._serialized_end=2249
-  _globals['_GENERATEMETRICS']._serialized_start=2251
-  _globals['_GENERATEMETRICS']._serialized_end=2300
-  _globals['_GENERATERESPONSE']._serialized_start=2303
-  _globals['_GENERATERESPONSE']._serialized_end=2487
-  _globals['_LOADREQUEST']._serialized_start=2489
-  _globals['_LOADREQUEST']._serialized_end=2502
-  _globals['_LOADRESPONSE']._serialized_start=2505
-  _globals['_LOADRESPONSE']._serialized_end=2819
-  _globals['_KVSTORE']._serialized_start=3011
-  _globals['_KVSTORE']._serialized_end=3708
-  _globals['_ENGINESERVICE']._serialized_start=3711
-  _globals['_ENGINESERVICE']._serialized_end=3858
+  _globals['_GETHEADER']._serialized_end=996
+  _globals['_GETCHUNK']._serialized_start=998
+  _globals['_GETCHUNK']._serialized_end=1053
+  _globals['_GETRESPONSE']._serialized_start=1055
+  _globals['_GETRESPONSE']._serialized_end=1156
+  _globals['_REMOVEREQUEST']._serialized_start=1158
+  _globals['_REMOVEREQUEST']._serialized_end=1209
+  _globals['_REMOVERESPONSE']._serialized_start=1211
+  _globals['_REMOVERESPONSE']._serialized_end=1248
+  _globals['_STATSREQUEST']._serialized_start=1250
+  _globals['_STATSREQUEST']._serialized_end=1264
+  _globals['_TIERUSAGE']._serialized_start=1267
+  _globals['_TIERUSAGE']._serialized_end=1431
+  _globals['_STATSRESPONSE']._serialized_start=1434
+  _globals['_STATSRESPONSE']._serialized_end=1776
+  _globals['_DATAPLANEINFOREQUEST']._serialized_start=1778
+  _globals['_DATAPLANEINFOREQUEST']._serialized_end=1843
+  _globals['_DATAPLANEINFORESPONSE']._serialized_start=1845
+  _globals['_DATAPLANEINFORESPONSE']._serialized_end=1957
+  _globals['_GENERATEREQUEST']._serialized_start=1960
+  _globals['_GENERATEREQUEST']._serialized_end=2119
+  _globals['_GENERATEUSAGE']._serialized_start=2122
+  _globals['_GENERATEUSAGE']._serialized_end=2268
+  _globals['_GENERATEMETRICS']._serialized_start=2270
+  _globals['_GENERATEMETRICS']._serialized_end=2319
+  _globals['_GENERATERESPONSE']._serialized_start=2322
+  _globals['_GENERATERESPONSE']._serialized_end=2506
+  _globals['_LOADREQUEST']._serialized_start=2508
+  _globals['_LOADREQUEST']._serialized_end=2521
+  _globals['_LOADRESPONSE']._serialized_start=2524
+  _globals['_LOADRESPONSE']._serialized_end=2838
+  _globals['_KVSTORE']._serialized_start=3030
+  _globals['_KVSTORE']._serialized_end=3727
+  _globals['_ENGINESERVICE']._serialized_start=3730
+  _globals['_ENGINESERVICE']._serialized_end=3877
 # @@protoc_insertion_point(module_scope)

@@ -144,12 +144,14 @@ class GetRequest(_message.Message):
     def __init__(self, namespace_id: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class GetHeader(_message.Message):
-    __slots__ = ("found", "block_bytes")
+    __slots__ = ("found", "block_bytes", "checksums")
     FOUND_FIELD_NUMBER: _ClassVar[int]
     BLOCK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
     found: _containers.RepeatedScalarFieldContainer[bool]
     block_bytes: int
-    def __init__(self, found: _Optional[_Iterable[bool]] = ..., block_bytes: _Optional[int] = ...) -> None: ...
+    checksums: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, found: _Optional[_Iterable[bool]] = ..., block_bytes: _Optional[int] = ..., checksums: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GetChunk(_message.Message):
     __slots__ = ("index", "offset", "data")
