@@ -24,12 +24,12 @@ from typing import Any, TypeVar
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from kvstore import wire
+from kvstore import grpc_service, wire
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.config import option, parse_bytes
 from kvstore.dataplane.base import DataPlaneServer
-from kvstore.errors import ERROR_METADATA_KEY, InvalidArgumentError, KVStoreError, UnavailableError
+from kvstore.errors import InvalidArgumentError, KVStoreError, UnavailableError
 from kvstore.store import Clock, Store, StoreConfig
 
 log = logging.getLogger("kvstore.server")
@@ -88,11 +88,6 @@ class ServerConfig:
         ]
 
 
-async def _abort(context: grpc.aio.ServicerContext, exc: KVStoreError) -> None:
-    context.set_trailing_metadata(((ERROR_METADATA_KEY, type(exc).__name__),))
-    await context.abort(grpc.StatusCode[exc.code], str(exc))
-
-
 def _unary(
     fn: Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[T]],
 ) -> Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[T]]:
@@ -103,7 +98,7 @@ def _unary(
         try:
             return await fn(self, request, context)
         except KVStoreError as exc:
-            await _abort(context, exc)
+            await grpc_service.abort(context, exc)
             raise AssertionError("unreachable: abort raises") from exc
 
     return wrapper
@@ -168,7 +163,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             keys = list(request.keys)
             lease = self.store.acquire(request.namespace_id, keys, owner=context.peer())
         except KVStoreError as exc:
-            await _abort(context, exc)
+            await grpc_service.abort(context, exc)
             return
         try:
             block_bytes = self.store.namespace(request.namespace_id).block_bytes
@@ -183,7 +178,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                     data = self.store.read_chunk(lease.lease_id, index, offset, self.chunk_bytes)
                     yield pb.GetResponse(chunk=pb.GetChunk(index=index, offset=offset, data=data))
         except KVStoreError as exc:
-            await _abort(context, exc)
+            await grpc_service.abort(context, exc)
         finally:
             self.store.release(lease.lease_id)
 
@@ -256,7 +251,7 @@ async def start_server(
     """Starts the service for `store`; returns the server, its health servicer and port."""
     server = grpc.aio.server(options=config.grpc_options)
     servicer = KVStoreServicer(store, config.chunk_bytes, dataplane)
-    pb_grpc.add_KVStoreServicer_to_server(servicer, server)
+    grpc_service.register(server, servicer)  # malformed requests: INVALID_ARGUMENT
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     port = server.add_insecure_port(config.address)

@@ -5,12 +5,16 @@ from __future__ import annotations
 import asyncio
 import re
 
+import grpc
 import numpy as np
 import pytest
 
 from kvstore import errors
+from kvstore._proto import kvstore_pb2 as pb
 from kvstore.async_client import AsyncClient
 from kvstore.client import Client
+from kvstore.client_common import raise_rpc_error
+from kvstore.grpc_service import SERVICE
 from kvstore.keys import KVLayout, Namespace, block_keys
 from kvstore.results import NO_RESERVATION, PutStatus
 
@@ -179,3 +183,48 @@ def test_commit_and_abort_of_no_reservation_send_nothing():
             await nowhere.abort(NO_RESERVATION)
 
     asyncio.run(run())
+
+
+MALFORMED = b"\x0a\x05ab"  # field 1 says 5 bytes follow; 2 do: no message parses this
+
+
+def _call_malformed(channel: grpc.Channel, method) -> grpc.RpcError:
+    path = f"/{SERVICE.full_name}/{method.name}"
+    with pytest.raises(grpc.RpcError) as info:
+        if method.client_streaming:
+            channel.stream_unary(path)(iter([MALFORMED]), timeout=10)
+        elif method.server_streaming:
+            list(channel.unary_stream(path)(MALFORMED, timeout=10))
+        else:
+            channel.unary_unary(path)(MALFORMED, timeout=10)
+    return info.value
+
+
+@pytest.mark.parametrize("method", list(SERVICE.methods), ids=lambda m: m.name)
+def test_malformed_request_is_invalid_argument_with_one_log_line(store, unchanged, method):
+    num_lines = len(store.log().splitlines())
+    with grpc.insecure_channel(store.address) as channel:
+        err = _call_malformed(channel, method)
+    assert err.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert f"not a valid {method.input_type.name}" in err.details()
+    with pytest.raises(errors.InvalidArgumentError):
+        raise_rpc_error(err)
+    new_lines = store.log().splitlines()[num_lines:]
+    assert len(new_lines) == 1, new_lines
+    assert f"event=malformed_request method={method.name}" in new_lines[0]
+
+
+def test_a_malformed_chunk_ends_a_write_stream_and_undoes_its_half_block(store, client):
+    keys = _chain(1, seed=21)
+    rid = client.reserve(NS.id, keys).reservation_id
+    half = pb.WriteChunk(reservation_id=rid, index=0, offset=0, data=_block(3)[:1000])
+    num_lines = len(store.log().splitlines())
+    with grpc.insecure_channel(store.address) as channel:
+        write = channel.stream_unary(f"/{SERVICE.full_name}/Write")
+        with pytest.raises(grpc.RpcError) as info:
+            write(iter([half.SerializeToString(), MALFORMED]), timeout=10)
+    assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert len(store.log().splitlines()) == num_lines + 1
+    client.write(rid, [(0, _block(3))])  # from offset 0 again: the half block was undone
+    assert client.commit(rid) == 1
+    assert bytes(client.get(NS.id, keys).blocks[0]) == _block(3)

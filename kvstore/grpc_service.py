@@ -1,0 +1,112 @@
+"""How the KVStore service meets grpc.aio: its method handlers, and one way errors leave.
+
+The handlers are built from the service descriptor, like the generated
+`add_KVStoreServicer_to_server`, with one difference: a request that does not parse as its
+message (in a stream, any one of them) decodes to a `Malformed` marker instead of raising
+inside grpc, where it would end the call as UNKNOWN with a traceback in the log. The
+handler turns the marker into `InvalidArgumentError`: INVALID_ARGUMENT, one log line.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any, NamedTuple
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore.errors import ERROR_METADATA_KEY, InvalidArgumentError, KVStoreError
+
+log = logging.getLogger("kvstore.server")
+SERVICE = pb.DESCRIPTOR.services_by_name["KVStore"]
+
+
+class Malformed(NamedTuple):
+    """What a request decodes to when its bytes are not a `message` message."""
+
+    message: str
+    reason: str
+
+
+async def abort(context: grpc.aio.ServicerContext, exc: KVStoreError) -> None:
+    """Ends the call with the status of `exc`, its class name in the trailing metadata."""
+    context.set_trailing_metadata(((ERROR_METADATA_KEY, type(exc).__name__),))
+    await context.abort(grpc.StatusCode[exc.code], str(exc))
+
+
+def register(server: grpc.aio.Server, servicer: Any) -> None:
+    """Serves `servicer`'s methods (one per RPC of the service, by name) on `server`."""
+    handlers = {method.name: _handler(method, servicer) for method in SERVICE.methods}
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),)
+    )
+    server.add_registered_method_handlers(SERVICE.full_name, handlers)
+
+
+def _handler(method: Any, servicer: Any) -> grpc.RpcMethodHandler:
+    request_cls = getattr(pb, method.input_type.name)
+    response_cls = getattr(pb, method.output_type.name)
+    behavior = getattr(servicer, method.name)
+    kinds = {
+        (False, False): (grpc.unary_unary_rpc_method_handler, _checked_unary),
+        (False, True): (grpc.unary_stream_rpc_method_handler, _checked_unary_stream),
+        (True, False): (grpc.stream_unary_rpc_method_handler, _checked_stream),
+    }
+    make_handler, check = kinds[(method.client_streaming, method.server_streaming)]
+    return make_handler(
+        check(method.name, behavior),
+        request_deserializer=_decoder(request_cls),
+        response_serializer=response_cls.SerializeToString,
+    )
+
+
+def _decoder(message_cls: Any) -> Callable[[bytes], Any]:
+    def decode(data: bytes) -> Any:
+        try:
+            return message_cls.FromString(data)
+        except DecodeError as exc:
+            return Malformed(message_cls.DESCRIPTOR.name, str(exc))
+
+    return decode
+
+
+def _refusal(name: str, context: grpc.aio.ServicerContext, bad: Malformed) -> KVStoreError:
+    log.warning("event=malformed_request method=%s peer=%s", name, context.peer())
+    return InvalidArgumentError(f"the request is not a valid {bad.message}: {bad.reason}")
+
+
+def _checked_unary(name: str, behavior: Callable[..., Any]) -> Callable[..., Any]:
+    async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, Malformed):
+            await abort(context, _refusal(name, context, request))
+        return await behavior(request, context)
+
+    return handle
+
+
+def _checked_unary_stream(name: str, behavior: Callable[..., Any]) -> Callable[..., Any]:
+    async def handle(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        if isinstance(request, Malformed):
+            await abort(context, _refusal(name, context, request))
+        async for response in behavior(request, context):
+            yield response
+
+    return handle
+
+
+def _checked_stream(name: str, behavior: Callable[..., Any]) -> Callable[..., Any]:
+    """The behaviour sees an `InvalidArgumentError` raised from its request iterator where a
+    malformed message arrives, and answers it as any error of its own."""
+
+    async def checked(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+        async for request in requests:
+            if isinstance(request, Malformed):
+                raise _refusal(name, context, request)
+            yield request
+
+    async def handle(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+        return await behavior(checked(requests, context), context)
+
+    return handle
