@@ -45,7 +45,7 @@ READY_TIMEOUT_S = 300.0  # 32 spawns and their warm-up puts on 2 cores
 REPORT_TIMEOUT_S = 120.0
 COUNTS = (
     "corrupted", "verified_bytes", "blocks_found", "blocks_missed", "blocks_present",
-    "blocks_stored",
+    "blocks_stored", "puts_refused_parent",
 )  # fmt: skip
 
 

@@ -5,7 +5,8 @@ A block's bytes are a PCG64 stream seeded by its key, so any process can put a b
 other can verify it byte for byte, whoever wrote it and whether it was evicted in between.
 A found block whose bytes differ counts its differing bytes as corrupted; a miss is expected
 (the working set is larger than DRAM, and other clients remove keys) and is only counted.
-Any exception an op raises is an error, tallied by class with its first message.
+Any exception an op raises is an error, tallied by class with its first message, except a
+put refused because its parent was evicted meanwhile (counted as `refused_parent`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from kvstore import errors
 from kvstore.client import Client
 from kvstore.keys import KVLayout, Namespace, block_keys
 
@@ -108,6 +110,7 @@ class WorkerResult(NamedTuple):
     blocks_missed: int
     blocks_present: int  # put blocks the store already held
     blocks_stored: int
+    puts_refused_parent: int  # puts whose parent was evicted between match and put
 
 
 def block_payload(key: bytes, block_bytes: int) -> np.ndarray:
@@ -128,7 +131,7 @@ class _Tally:
         self.latencies: dict[str, list[float]] = {}
         self.errors: Counter[str] = Counter()
         self.samples: dict[str, str] = {}
-        self.blocks: Counter[str] = Counter()  # found, missed, present, stored
+        self.blocks: Counter[str] = Counter()  # found, missed, present, stored, refused_parent
         self.corrupted = 0
         self.verified_bytes = 0
 
@@ -143,6 +146,7 @@ class _Tally:
         return WorkerResult(
             index, latencies, dict(self.errors), self.samples, self.corrupted,
             self.verified_bytes, b["found"], b["missed"], b["present"], b["stored"],
+            b["refused_parent"],
         )  # fmt: skip
 
 
@@ -241,9 +245,21 @@ class Worker:
         self._put(self.grpc, prompt, *self._span(prompt, self.config.prompt_blocks))
 
     def _put(self, client: Client, prompt: int, start: int, keys: list[bytes]) -> None:
-        parent = self.keys[prompt][start - 1] if start else None
+        """Puts `keys` (from block `start` of the prompt) as an engine would: a chain whose
+        stored prefix ends before `start` is continued from where it ends. A parent evicted
+        between the match and the put is refused (UnknownParentError), an expected outcome
+        under eviction like a miss, counted apart from errors."""
+        chain, end = self.keys[prompt], start + len(keys)
+        if start:
+            start = min(start, client.match(self.ns_id, chain[:start]).num_matched)
+        parent = chain[start - 1] if start else None
+        keys = chain[start:end]
         blocks = [block_payload(k, self.config.block_bytes) for k in keys]
-        result = client.put_chain(self.ns_id, keys, blocks, parent)
+        try:
+            result = client.put_chain(self.ns_id, keys, blocks, parent)
+        except errors.UnknownParentError:
+            self.tally.blocks["refused_parent"] += 1
+            return
         self.tally.blocks.update(present=result.num_present, stored=result.num_stored)
 
     def _remove(self, prompt: int) -> None:

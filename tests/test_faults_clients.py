@@ -219,12 +219,6 @@ def test_a_slow_readers_lease_expires_and_frees_its_blocks(store_factory):
         stream.cancel()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="server: a gRPC Get keeps streaming from its lease's views after the lease "
-    "expired (KVStoreServicer.Get reads each chunk lazily); the slots are evicted and reused "
-    "meanwhile, so a slow reader gets other blocks' bytes under its keys, with no error",
-)
 def test_a_stream_that_outlives_its_lease_never_returns_other_bytes(store_factory):
     store = _start(store_factory, TIMEOUT_S)
     leased = _chain(LEASED, seed=1)
@@ -238,8 +232,10 @@ def test_a_stream_that_outlives_its_lease_never_returns_other_bytes(store_factor
     try:
         for msg in stream:
             assembler.feed(msg)
-    except grpc.RpcError:
-        return  # failing the stream is a correct answer
+    except grpc.RpcError as err:  # failing the stream is the answer: its lease has ended
+        assert err.code() is grpc.StatusCode.ABORTED, err
+        assert "LeaseExpiredError" in dict(err.trailing_metadata()).values()
+        return
     got = assembler.result().blocks
     wrong = [i for i, (k, b) in enumerate(zip(leased, got, strict=True)) if not _is_exact(k, b)]
     assert wrong == [], "blocks served with another block's bytes"
