@@ -18,7 +18,8 @@ import hashlib
 import logging
 import os
 import struct
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -243,6 +244,7 @@ class Adversary:
     tags: Tags = field(init=False)
     client_id: int = field(init=False)
     ep: Any = field(init=False)
+    num_probes: int = 0
 
     def __post_init__(self) -> None:
         request = pb.DataPlaneInfoRequest(transport="ucx", client_address=self.rt.worker_address)
@@ -260,6 +262,34 @@ class Adversary:
     def send(self, data: bytes, tag: int) -> None:
         buf = np.frombuffer(data or b"\0", np.uint8)[: len(data)]
         self.rt.call(self.ep.send(buf, tag=tag, force_tag=True), 10.0)
+
+    def receive_reply(
+        self, tag: int, num_keys: int, timeout_s: float, give_up: Callable[[], bool] = bool
+    ) -> Reply | None:
+        """The reply the node sends under `tag`; None if none came within `timeout_s` or
+        `give_up()` said so first (then this connection must not be used again: the
+        receive may still be posted)."""
+        buf = bytearray(frames.reply_bytes(num_keys))
+        received = self.rt.submit(self.ep.recv(buf, tag=tag, force_tag=True))
+        deadline = time.monotonic() + timeout_s
+        while not received.done():
+            if time.monotonic() > deadline or give_up():
+                received.cancel()
+                return None
+            time.sleep(0.02)
+        received.result()
+        return frames.decode_reply(memoryview(buf), num_keys)
+
+    def answers(self) -> bool:
+        """Whether the node still serves this connection: a GET of an unknown namespace,
+        sent after everything before it, gets its (error) reply."""
+        self.num_probes += 1
+        request_id = (2 << 40) + self.num_probes  # an id no other frame of the tests uses
+        probe = Request(Op.GET, request_id, bytes(KEY_BYTES), (bytes(KEY_BYTES),), 1)
+        self.send(frames.encode_request(probe), self.tags.request)
+        reply_tag = RequestTags.of(self.tags, request_id).reply
+        reply = self.receive_reply(reply_tag, 1, TRANSFER_TIMEOUT_S + 5.0)
+        return reply is not None and isinstance(reply.error, errors.UnknownNamespaceError)
 
     def close(self) -> None:
         self.rt.loop.call_soon_threadsafe(lambda: self.ep.abort(period=10**8))
@@ -450,15 +480,13 @@ def test_adversary_frames_end_only_its_own_connection(node, caplog, sends):
     if state in ("bad", "closed"):
         wait_until(lambda: not node.connected(adv.client_id), 10.0, "the connection ends")
         assert _bad_frame_lines(caplog, adv.client_id) == (state == "bad")
-    _wait_quiet(node)
-    if state == "alive":
-        assert node.connected(adv.client_id), "a frame that was not bad ended the connection"
+    if state == "alive":  # the node read every frame before the probe and kept serving
+        assert adv.answers(), "a frame that was not bad ended the connection"
         assert _bad_frame_lines(caplog, adv.client_id) == 0
-    if not node.connected(adv.client_id):
-        adv.close()
+    _wait_quiet(node)
+    if not node.connected(adv.client_id) or state == "unsure":
+        adv.close()  # an unsure one may be dropped any moment: use a fresh one next
         node.adversary = None
-    else:  # a PING keeps it past the hello deadline
-        adv.send(frames.encode_request(Request(Op.PING, 0, bytes(32), (), 0)), adv.tags.request)
     _round_trip(node)
 
 
@@ -506,12 +534,21 @@ def test_adversary_puts_land_only_right_blocks(node, num_keys, blocks):
         }[how]
         adv.send(data, tags.block(index))
         sent[index] = how
-    _wait_quiet(node)
-    found = node.client.get(NS.id, keys).found
+    # The node answers under DONE once it committed or refused; a block too long for its
+    # slot or one missing ends the connection instead (at the transfer deadline).
+
+    def is_gone() -> bool:
+        return not node.connected(adv.client_id)
+
+    done = adv.receive_reply(tags.done, 0, TRANSFER_TIMEOUT_S + 5.0, give_up=is_gone)
     is_right = len(sent) == num_keys and all(h == "right" for h in sent.values())
-    event(f"put: {'right' if is_right else 'wrong'}")
-    assert found == (is_right,) * num_keys
-    if not node.connected(adv.client_id):
+    event(f"put: {'right' if is_right else 'wrong'}, done: {done and not done.error}")
+    assert (done is not None and done.error is None) == is_right
+    if done is None:
+        wait_until(is_gone, 10.0, "the connection ends")
+    _wait_quiet(node)
+    assert node.client.get(NS.id, keys).found == (is_right,) * num_keys
+    if done is None:
         adv.close()
         node.adversary = None
     _round_trip(node)
