@@ -25,7 +25,9 @@ import logging
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import lmdb
 
 from kvstore import chains, errors
 from kvstore.checksum import checksum
@@ -59,6 +61,7 @@ class TieringCounters:
     demotions: int = 0
     promotions: int = 0
     checksum_failures: int = 0
+    ssd_write_failures: int = 0  # SSD transactions that failed (and changed nothing)
     tiers: dict[str, TierCounters] = field(
         default_factory=lambda: {
             "hbm": TierCounters(),
@@ -66,6 +69,19 @@ class TieringCounters:
             "ssd": TierCounters(),
         }
     )
+
+
+class _Batch(NamedTuple):
+    """One SSD transaction: `records` to put, and the SSD copies given up to make room for
+    them, whose records it deletes."""
+
+    records: list[Record]
+    copies: list[Entry]  # of blocks still in DRAM, pinned until the write ends
+    dropped: list[Entry]  # of blocks only on SSD, dropped from the index
+
+    @property
+    def delete(self) -> list[bytes]:
+        return [e.block_id for e in self.copies + self.dropped]
 
 
 class Tiering:
@@ -127,7 +143,7 @@ class Tiering:
         is_worth_writing = self.ssd is not None and self.dram_policy.should_demote(victim.block_id)
         if not victim.on_ssd and is_worth_writing:
             self._write_out([victim], {victim.block_id: self.dram_policy.hint(victim.block_id)})
-        self._evict_now(victim)
+        self._evict_now(victim)  # dropped if its write failed: DRAM blocks are a cache
 
     def _dram_victim(self, nbytes: int | None) -> Entry | None:
         """The policy's best evictable block, preferring one of the slot size of `nbytes`."""
@@ -272,31 +288,41 @@ class Tiering:
     def demote_pass(self) -> int:
         """Frees DRAM down to its low watermark: clean victims at once, dirty ones after an
         SSD write (one transaction, run without the store's lock; the victims are pinned and
-        out of the DRAM policy meanwhile). Returns how many blocks left DRAM."""
+        out of the DRAM policy meanwhile). If the write fails, SSD is as it was and the
+        victims are dropped (DRAM blocks are a cache), but for those read meanwhile, which
+        stay in DRAM. Returns how many blocks left DRAM."""
         with self.lock:
             to_write, hints, num_freed = self._select_demotions()
-            records, delete = self._prepare_write(to_write)
-        if to_write:
-            assert self.ssd is not None
-            self.ssd.write(records, delete)
+            batch = self._prepare_write(to_write)
+        is_written = self._try_write(batch)
         with self.lock:
+            self._end_write(batch, is_written)
             for entry in to_write:
                 entry.is_demoting = False
                 self.end_lease(entry)
-            written = [e for e in to_write if self.index.get(e.block_id) is e]
-            removed = [
-                e.block_id for e in to_write if e not in written and not self._is_on_ssd(e.block_id)
-            ]
-            if removed:  # removed while being written: their records must not outlive them
-                assert self.ssd is not None
-                self.ssd.write([], delete=removed)
-            self._finish_write(written, hints)
-            for entry in written:
+            kept = [e for e in to_write if self.index.get(e.block_id) is e]
+            if not is_written:
+                return num_freed + self._drop_unwritten(kept)
+            self._finish_write(kept, hints)
+            for entry in kept:
                 self.dram_policy.insert(entry.block_id, entry.parent_id, moved=True)
                 if entry.is_evictable:
                     self._free_dram(entry)
-            self.counters.evictions += len(written)
-            return num_freed + len(written)
+            self.counters.evictions += len(kept)
+            self._delete_stale([e for e in to_write if self.index.get(e.block_id) is not e])
+            return num_freed + len(kept)
+
+    def _drop_unwritten(self, entries: list[Entry]) -> int:
+        """Drops victims whose SSD write failed; one read meanwhile goes back to the DRAM
+        policy instead. Returns how many were dropped."""
+        num_dropped = 0
+        for entry in entries:
+            if entry.is_evictable:
+                self._evict_now(entry)
+                num_dropped += 1
+            else:
+                self.dram_policy.insert(entry.block_id, entry.parent_id, moved=True)
+        return num_dropped
 
     def _is_on_ssd(self, key: bytes) -> bool:
         entry = self.index.get(key)
@@ -334,23 +360,89 @@ class Tiering:
             self.drop(victim)
 
     def _write_out(self, entries: list[Entry], hints: Mapping[bytes, BlockHint | None]) -> None:
-        """Writes `entries` to SSD now, under the lock (the eviction path's fallback)."""
-        assert self.ssd is not None
-        records, delete = self._prepare_write(entries)
-        self.ssd.write(records, delete)
-        self._finish_write(entries, hints)
+        """Writes `entries` to SSD now, under the lock (the eviction path's fallback). If
+        that fails they stay off SSD, and memory still describes the disk."""
+        batch = self._prepare_write(entries)
+        is_written = self._try_write(batch)
+        self._end_write(batch, is_written)
+        if is_written:
+            self._finish_write(entries, hints)
 
-    def _prepare_write(self, entries: list[Entry]) -> tuple[list[Record], list[bytes]]:
-        """Records for `entries`, and the SSD victims to delete in the same transaction."""
-        assert self.ssd is not None
-        needed = sum(e.nbytes for e in entries)
-        delete = self._make_ssd_room(needed)
+    def _prepare_write(self, entries: list[Entry]) -> _Batch:
+        """The transaction that writes `entries`, with the deletes that make room for them."""
+        if not entries:
+            return _Batch([], [], [])
+        copies, dropped = self._make_ssd_room(sum(e.nbytes for e in entries))
         records = []
         for e in entries:
             assert e.slot is not None
             header = RecordHeader(e.namespace_id, e.parent, e.checksum, e.nbytes, e.seq)
             records.append(Record(e.block_id, header, self.dram.view(e.slot)))
-        return records, delete
+        return _Batch(records, copies, dropped)
+
+    def _try_write(self, batch: _Batch) -> bool:
+        """Runs `batch`, with or without the store's lock held; False if it failed, which
+        leaves SSD as it was."""
+        if not batch.records:
+            return True
+        assert self.ssd is not None
+        try:
+            self.ssd.write(batch.records, batch.delete)
+        except lmdb.Error as exc:
+            with self.lock:
+                self._record_write_failure(exc, len(batch.records))
+            return False
+        return True
+
+    def _end_write(self, batch: _Batch, is_written: bool) -> None:
+        """Unpins the copies given up for `batch`. If it failed, their records are still
+        there: the blocks come back on SSD, and the records of those removed or put again
+        meanwhile are deleted."""
+        for entry in batch.copies:
+            self.end_lease(entry)
+        if is_written:
+            return
+        copies = [e for e in batch.copies if self.index.get(e.block_id) is e]
+        dropped = [e for e in batch.dropped if self._can_take_back(e)]
+        self._take_back(copies + dropped)
+        self.counters.drops -= len(dropped)
+        back = {id(e) for e in copies + dropped}
+        self._delete_stale([e for e in batch.copies + batch.dropped if id(e) not in back])
+
+    def _delete_stale(self, entries: list[Entry]) -> None:
+        """Deletes the records of `entries`, blocks removed (or put again) while a write
+        held them, unless their id is on SSD now. If that fails too, those whose id is free
+        come back as SSD blocks, so memory describes the disk; the record of an id put again
+        meanwhile stays unaccounted."""
+        stale = [e for e in entries if not self._is_on_ssd(e.block_id)]
+        if not stale:
+            return
+        assert self.ssd is not None
+        try:
+            self.ssd.write([], delete=[e.block_id for e in stale])
+        except lmdb.Error as exc:
+            self._record_write_failure(exc, len(stale))
+            self._take_back([e for e in stale if self._can_take_back(e)])
+
+    def _can_take_back(self, entry: Entry) -> bool:
+        if entry.block_id in self.index:
+            return False
+        return entry.parent_id is None or not self._closes_cycle(entry.block_id, entry.parent_id)
+
+    def _take_back(self, entries: list[Entry]) -> None:
+        """Tracks `entries`, whose records are on SSD, as on SSD again (indexing those that
+        left the index); the SSD policy takes them as just arrived."""
+        for entry in entries:
+            if entry.block_id not in self.index:
+                self.index.add(entry)
+            entry.on_ssd = True
+            if entry.slot is not None:
+                self._redundant[entry.block_id] = entry
+            self.ssd_policy.insert(entry.block_id, entry.parent_id, moved=True)
+
+    def _record_write_failure(self, exc: lmdb.Error, num_blocks: int) -> None:
+        self.counters.ssd_write_failures += 1
+        log.error("event=ssd_write_failed blocks=%d error=%r", num_blocks, exc)
 
     def _finish_write(self, entries: list[Entry], hints: Mapping[bytes, BlockHint | None]) -> None:
         """Tracks written `entries` on SSD, with the DRAM policy's `hints` for them."""
@@ -365,31 +457,35 @@ class Tiering:
             self.counters.tiers["ssd"].bytes_written += entry.nbytes
         self.counters.demotions += len(entries)
 
-    def _make_ssd_room(self, needed: int) -> list[bytes]:
-        """Gives up SSD copies until `needed` more bytes fit; returns the keys to delete."""
+    def _make_ssd_room(self, needed: int) -> tuple[list[Entry], list[Entry]]:
+        """Gives up SSD copies until `needed` more bytes fit, for the write that follows to
+        delete. Returns the copies of blocks still in DRAM (pinned until that write ends),
+        and those of blocks it dropped (out of the index)."""
         assert self.ssd is not None
         cap = self.ssd.capacity_bytes
         used = self.ssd.stats().used_bytes
+        copies: list[Entry] = []
+        dropped: list[Entry] = []
         if used + needed <= self.config.ssd_high_watermark * cap:
-            return []
+            return copies, dropped
         target = self.config.ssd_low_watermark * cap - needed
-        delete: list[bytes] = []
         # SSD copies of blocks still in DRAM go first: the block stays servable, and the SSD
         # holds DRAM + SSD distinct blocks under pressure instead of SSD alone.
         while used > target and self._redundant:
             entry = next(iter(self._redundant.values()))
+            entry.num_leases += 1  # stays in DRAM till the write ends: if it fails, back on SSD
+            copies.append(entry)
             self._give_up_ssd_copy(entry)
-            delete.append(entry.block_id)
             used -= entry.nbytes
         while used > target:
             victims = self._ssd_victims(used - target)
             if not victims:
                 break
             for entry in victims:
+                dropped.append(entry)
                 self._give_up_ssd_copy(entry)
-                delete.append(entry.block_id)
                 used -= entry.nbytes
-        return delete
+        return copies, dropped
 
     def _ssd_victims(self, nbytes: float) -> list[Entry]:
         """Evictable SSD entries in policy order, enough to free `nbytes` (one pass)."""

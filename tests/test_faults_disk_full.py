@@ -66,7 +66,7 @@ def _start(store_factory, disk: Path, path: str) -> StoreProcess:
 def _is_settled(client: Client, store: StoreProcess) -> bool:
     """The demoter is done: DRAM is back under its high watermark, or a write failed."""
     dram = next(t for t in client.stats().tiers if t.name == "dram")
-    return dram.num_blocks <= 0.95 * DRAM_BLOCKS or "event=demotion_failed" in store.log()
+    return dram.num_blocks <= 0.95 * DRAM_BLOCKS or "event=ssd_write_failed" in store.log()
 
 
 def _fill(client: Client, store: StoreProcess, path: str) -> tuple[list[bytes], list[Exception]]:
@@ -86,7 +86,7 @@ def _fill(client: Client, store: StoreProcess, path: str) -> tuple[list[bytes], 
             failures.append(exc)
         if path == "demoter":
             wait_until(lambda: _is_settled(client, store), 30.0, "the demoter settled")
-        if failures or "event=demotion_failed" in store.log():
+        if failures or "event=ssd_write_failed" in store.log():
             return tried, failures
     pytest.fail("the disk never filled")
 
@@ -129,15 +129,6 @@ def test_a_full_disk_never_crashes_the_node_or_returns_wrong_bytes(small_disk, s
     # Teardown: SIGTERM, and the node must exit 0.
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="store: an SSD write that fails (lmdb.DiskError) is not handled. Inline "
-    "(Tiering._evict_one -> _write_out) the put fails with gRPC UNKNOWN and the DRAM slots "
-    "it had allocated leak; in the demoter (demote_pass) the victims stay pinned "
-    "(is_demoting, one lease) and out of the DRAM policy, so puts fail with StoreFullError "
-    "though nothing is leased or reserved, and while DRAM stays over its high watermark the "
-    "demoter retries at once, forever, on a whole core",
-)
 @pytest.mark.parametrize("path", ["inline", "demoter"])
 def test_puts_on_a_full_disk_land_or_fail_typed_and_leak_nothing(small_disk, store_factory, path):
     store = _start(store_factory, small_disk, path)

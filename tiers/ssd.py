@@ -84,6 +84,8 @@ class SsdTier(PersistentTier):
             return TierStats(self.capacity_bytes, self._used_bytes, len(self._sizes))
 
     def write(self, records: Sequence[Record], delete: Sequence[bytes] = ()) -> None:
+        """One transaction. Raises `lmdb.Error` (a full disk: `DiskError`, `MapFullError`)
+        having changed nothing, on disk or in the usage counted here."""
         with self._env.begin(write=True, db=self._blocks) as txn:
             for key in delete:
                 txn.delete(key)
