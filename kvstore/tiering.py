@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -45,6 +46,8 @@ if TYPE_CHECKING:
     from kvstore.store_config import StoreConfig
 
 log = logging.getLogger("kvstore.tiering")
+_BACKOFF_MIN_S = 0.1  # the demoter's first wait after a failed or fruitless pass
+_BACKOFF_MAX_S = 5.0  # doubling up to this while passes keep failing
 
 
 @dataclass
@@ -510,16 +513,34 @@ class Tiering:
             self.counters.drops += 1
 
     def _demote_forever(self) -> None:
+        delay_s = 0.0  # after a pass that failed or freed nothing; doubles while they go on
         while True:
             with self.lock:
-                while not self._closing and not self._is_dram_over(self.config.dram_high_watermark):
-                    self._wake.wait()
+                self._wait_to_demote(delay_s)
                 if self._closing:
                     return
+                num_failures = self.counters.ssd_write_failures
             try:
-                self.demote_pass()
+                num_moved = self.demote_pass()
             except Exception:
                 log.exception("event=demotion_failed")
+                num_moved = 0
+            with self.lock:
+                is_stuck = num_moved == 0 or self.counters.ssd_write_failures != num_failures
+            delay_s = min(max(2 * delay_s, _BACKOFF_MIN_S), _BACKOFF_MAX_S) if is_stuck else 0.0
+
+    def _wait_to_demote(self, delay_s: float) -> None:
+        """Waits, with the lock, `delay_s` (cut short by `close` or by an SSD write that
+        succeeded meanwhile), then until DRAM is over its high watermark."""
+        deadline = time.monotonic() + delay_s
+        num_demotions = self.counters.demotions
+        while not self._closing and self.counters.demotions == num_demotions:
+            left_s = deadline - time.monotonic()
+            if left_s <= 0:
+                break
+            self._wake.wait(left_s)
+        while not self._closing and not self._is_dram_over(self.config.dram_high_watermark):
+            self._wake.wait()
 
     # -- lifecycle -----------------------------------------------------------------------
 

@@ -1,10 +1,11 @@
 """SSD writes that fail (a full disk: `lmdb.DiskError`, `MapFullError`) inside one store.
 
 Both writers are covered: a put that writes its DRAM victim inline, and the demotion pass
-(run by `commit` here, background demotion off). A failed write is one LMDB transaction
-that changed nothing, so afterwards memory must describe the disk exactly
-(`check_integrity`): the victims it was for are dropped from DRAM (a cache), the SSD copies
-given up to make room for them are back, and nothing stays pinned.
+(run by `commit` here, background demotion off, or by the background demoter). A failed
+write is one LMDB transaction that changed nothing, so afterwards memory must describe the
+disk exactly (`check_integrity`): the victims it was for are dropped from DRAM (a cache),
+the SSD copies given up to make room for them are back, nothing stays pinned, and the
+demoter waits before it tries again.
 
 `_Faults` makes `SsdTier.write` fail on demand, for exact states; a tmpfs far smaller than
 `ssd_bytes` makes it fail for real.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import subprocess
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,9 +24,11 @@ from typing import NamedTuple
 import lmdb
 import pytest
 
+from kvstore import tiering
 from kvstore.keys import KVLayout, Namespace, block_keys
 from kvstore.policy import POLICIES
 from kvstore.store import Store, StoreConfig
+from tests.conftest import wait_until
 from tiers.base import Record
 from tiers.ssd import SsdTier
 
@@ -91,11 +95,16 @@ def _payload(key: bytes) -> bytes:
 
 
 def _put(store: Store, keys: list[bytes]) -> None:
+    _put_unchecked(store, keys)
+    store.check_integrity()
+
+
+def _put_unchecked(store: Store, keys: list[bytes]) -> None:
+    """A put that may wake the background demoter: check integrity once it has settled."""
     res = store.reserve(NS.id, keys, [None, *keys[:-1]])
     for i, key in enumerate(keys):
         store.write(res.reservation_id, i, 0, _payload(key))
     store.commit(res.reservation_id)
-    store.check_integrity()
 
 
 def _tiers(store: Store, keys: list[bytes]) -> tuple[str | None, ...]:
@@ -304,6 +313,62 @@ def test_a_failed_demotion_deletes_the_record_of_a_copy_removed_meanwhile(tmp_pa
         assert _tiers(store, a + b) == (None, "dram", "ssd", None, None) + ("dram",) * 4
         assert _counts(store) == _Counts(5, 2, evictions=5, drops=2, demotions=3, failures=1)
         assert store.read(NS.id, a[1:3]) == [_payload(a[1]), _payload(a[2])]
+        store.check_integrity()
+
+
+# -- the background demoter ------------------------------------------------------------
+
+
+def test_the_demoter_waits_while_writes_fail_and_resumes_after_one_succeeds(
+    tmp_path, faults, monkeypatch
+):
+    for name in ("_BACKOFF_MIN_S", "_BACKOFF_MAX_S"):  # only a good write ends its wait
+        monkeypatch.setattr(tiering, name, 3600.0)
+    with _make_store(tmp_path / "ssd", background_demotion=True) as store:
+        a, b, c = _chain(8, seed=1), _chain(2, seed=2), _chain(1, seed=3)
+        faults.fail_all()
+        _put_unchecked(store, a)
+        dropped = _Counts(6, 0, evictions=2, drops=2, demotions=0, failures=1)
+        wait_until(lambda: _counts(store) == dropped, 10.0, "the demoter dropped a[0:2]")
+        store.check_integrity()
+        _put(store, b)  # over the high watermark again, while the demoter waits
+        time.sleep(0.3)  # a measurement window, not a wait for a condition
+        assert (faults.num_calls, _counts(store).dram) == (1, 8)
+        faults.heal()
+        _put_unchecked(store, c)  # DRAM is full: c evicts a[2] inline, and that write succeeds
+        written = _Counts(6, 3, evictions=5, drops=2, demotions=3, failures=1)
+        wait_until(lambda: _counts(store) == written, 10.0, "the demoter wrote a[3:5]")
+        assert _tiers(store, a[2:5]) == ("ssd",) * 3
+        store.check_integrity()
+
+
+def test_the_demoter_tries_again_after_its_backoff(tmp_path, faults):
+    with _make_store(tmp_path / "ssd", background_demotion=True) as store:
+        a, b = _chain(8, seed=1), _chain(2, seed=2)
+        faults.fail_all()
+        _put_unchecked(store, a)
+        dropped = _Counts(6, 0, evictions=2, drops=2, demotions=0, failures=1)
+        wait_until(lambda: _counts(store) == dropped, 10.0, "the demoter dropped a[0:2]")
+        faults.heal()
+        _put_unchecked(store, b)  # within its first backoff, or after it: written either way
+        written = _Counts(6, 2, evictions=4, drops=2, demotions=2, failures=1)
+        wait_until(lambda: _counts(store) == written, 10.0, "the demoter wrote a[2:4]")
+        store.check_integrity()
+
+
+def test_a_demoter_with_nothing_to_evict_waits_instead_of_spinning(tmp_path, monkeypatch):
+    watermarks = {"dram_high_watermark": 0.5, "dram_low_watermark": 0.4}
+    with _make_store(tmp_path / "ssd", background_demotion=True, **watermarks) as store:
+        passes: list[int] = []
+        demote_pass = store._tiering.demote_pass
+        monkeypatch.setattr(store._tiering, "demote_pass", lambda: passes.append(1) or 0)
+        held = store.reserve(NS.id, _chain(5, seed=1))  # 5 of 8 slots, none evictable
+        _put_unchecked(store, _chain(1, seed=2))  # over the high watermark, nothing to demote
+        wait_until(lambda: passes, 10.0, "a demotion pass")
+        time.sleep(1.0)  # a measurement window, not a wait for a condition
+        assert len(passes) <= 5  # backing off from 0.1 s; a spinning demoter makes thousands
+        monkeypatch.setattr(store._tiering, "demote_pass", demote_pass)
+        store.abort(held.reservation_id)
         store.check_integrity()
 
 
