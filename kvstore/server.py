@@ -141,21 +141,24 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         total = 0
         try:
             async for chunk in request_iterator:
-                self.store.write(chunk.reservation_id, chunk.index, chunk.offset, chunk.data)
+                self.store.write(
+                    chunk.reservation_id, chunk.index, chunk.offset, chunk.data, context.peer()
+                )
                 starts.setdefault((chunk.reservation_id, chunk.index), chunk.offset)
                 total += len(chunk.data)
         finally:
             for (reservation_id, index), offset in starts.items():
-                self.store.rewind(reservation_id, index, offset)  # a no-op for whole blocks
+                self.store.rewind(reservation_id, index, offset, context.peer())  # whole: no-op
         return pb.WriteResponse(bytes_written=total)
 
     @_unary
     async def Commit(self, request, context):
-        return pb.CommitResponse(num_committed=self.store.commit(request.reservation_id))
+        num = self.store.commit(request.reservation_id, owner=context.peer())
+        return pb.CommitResponse(num_committed=num)
 
     @_unary
     async def Abort(self, request, context):
-        self.store.abort(request.reservation_id)
+        self.store.abort(request.reservation_id, context.peer())
         return pb.AbortResponse()
 
     async def Get(self, request, context) -> AsyncIterator[pb.GetResponse]:
@@ -196,7 +199,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         if self.dataplane is None or request.transport != "ucx":
             raise UnavailableError(f"this node has no {request.transport or '?'} data plane")
         # Checking the address and connecting wait on other threads; keep this loop free.
-        peer = _peer_host(context.peer())
+        peer = context.peer()
         admission = await asyncio.to_thread(self.dataplane.connect, request.client_address, peer)
         return pb.DataPlaneInfoResponse(
             transport="ucx",
@@ -204,12 +207,6 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             client_id=admission.client_id,
             connection_secret=admission.secret,
         )
-
-
-def _peer_host(peer: str) -> str:
-    """The caller's address without its port ("ipv4:127.0.0.1:5000" -> "ipv4:127.0.0.1")."""
-    host, sep, port = peer.rpartition(":")
-    return host if sep and port.isdigit() else peer
 
 
 def make_dataplane(store: Store, config: ServerConfig) -> DataPlaneServer | None:

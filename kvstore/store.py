@@ -308,10 +308,21 @@ class Store:
             rid = self._open_reservation(namespace_id, entries, owner)
             return ReserveResult(rid, tuple(statuses))
 
-    def write(self, reservation_id: int, index: int, offset: int, data: memoryview | bytes) -> None:
-        """Writes `data` at `offset` of reserved block `index`; chunks arrive in order."""
+    def write(
+        self,
+        reservation_id: int,
+        index: int,
+        offset: int,
+        data: memoryview | bytes,
+        owner: str = LOCAL_OWNER,
+    ) -> None:
+        """Writes `data` at `offset` of reserved block `index`; chunks arrive in order.
+
+        Only the reservation's `owner` may write, commit or abort it; to anyone else it is
+        an unknown reservation (ids are small integers, never a capability).
+        """
         with self._lock:
-            res = self._reservation(reservation_id)
+            res = self._reservation(reservation_id, owner)
             entry = res.entries.get(index)
             if entry is None:
                 raise errors.InvalidArgumentError(
@@ -329,41 +340,54 @@ class Store:
             self._view(entry)[offset:end] = data
             res.written[index] = end
 
-    def rewind(self, reservation_id: int, index: int, offset: int) -> None:
+    def rewind(
+        self, reservation_id: int, index: int, offset: int, owner: str = LOCAL_OWNER
+    ) -> None:
         """Takes reserved block `index` back to `offset` bytes written, unless it is written
         whole, so that a write stream that failed leaves no block half done. A no-op for a
         reservation that has ended; never moves a block forward."""
         with self._lock:
             res = self._reservations.get(reservation_id)
+            if res is not None and res.owner != owner:
+                return
             entry = None if res is None else res.entries.get(index)
             if res is None or entry is None or res.written[index] == entry.nbytes:
                 return
             res.written[index] = min(res.written[index], offset)
             res.sums.pop(index, None)
 
-    def reservation_view(self, reservation_id: int, index: int) -> memoryview:
+    def reservation_view(
+        self, reservation_id: int, index: int, owner: str = LOCAL_OWNER
+    ) -> memoryview:
         """Writable view of reserved block `index`, for a transport that receives in place.
 
         Call `mark_written` once the whole block has arrived; the view is valid until the
         reservation is committed, aborted or expires.
         """
         with self._lock:
-            entry = self._reserved_entry(self._reservation(reservation_id), reservation_id, index)
-            return self._view(entry)
+            res = self._reservation(reservation_id, owner)
+            return self._view(self._reserved_entry(res, reservation_id, index))
 
-    def mark_written(self, reservation_id: int, index: int, crc: int | None = None) -> None:
+    def mark_written(
+        self, reservation_id: int, index: int, crc: int | None = None, owner: str = LOCAL_OWNER
+    ) -> None:
         """Records that reserved block `index` was written whole through its view.
 
         `crc`: the CRC32C of the slot, computed by this node once the write completed (a
         transport that sums each block as it lands); `commit` then does not sum it again.
         """
         with self._lock:
-            res = self._reservation(reservation_id)
+            res = self._reservation(reservation_id, owner)
             res.written[index] = self._reserved_entry(res, reservation_id, index).nbytes
             if crc is not None:
                 res.sums[index] = crc
 
-    def commit(self, reservation_id: int, checksums: Sequence[int] | None = None) -> int:
+    def commit(
+        self,
+        reservation_id: int,
+        checksums: Sequence[int] | None = None,
+        owner: str = LOCAL_OWNER,
+    ) -> int:
         """Makes every block of the reservation readable; returns how many it committed.
 
         Args:
@@ -376,7 +400,7 @@ class Store:
         if reservation_id == NO_RESERVATION:
             return 0
         with self._lock:
-            res = self._reservation(reservation_id)
+            res = self._reservation(reservation_id, owner)
             short = [i for i, e in res.entries.items() if res.written[i] != e.nbytes]
             if short:
                 raise errors.IncompleteWriteError(
@@ -391,7 +415,7 @@ class Store:
                 raise errors.UnknownReservationError(f"reservation {reservation_id} expired")
             bad = [i for i in crcs if checksums is not None and crcs[i] != checksums[i]]
             if bad:
-                self.abort(reservation_id)
+                self.abort(reservation_id, owner)
                 raise errors.ChecksumMismatchError(
                     f"blocks {bad[:8]} arrived short or altered (bad checksum); nothing committed"
                 )
@@ -404,12 +428,12 @@ class Store:
             self._counters.blocks_committed += len(res.entries)
             return len(res.entries)
 
-    def abort(self, reservation_id: int) -> None:
+    def abort(self, reservation_id: int, owner: str = LOCAL_OWNER) -> None:
         """Drops a reservation and frees its slots (nothing for `NO_RESERVATION`)."""
         if reservation_id == NO_RESERVATION:
             return
         with self._lock:
-            self._drop_reservation(self._reservation(reservation_id))
+            self._drop_reservation(self._reservation(reservation_id, owner))
             self._close_reservation(reservation_id)
 
     def remove(self, namespace_id: bytes, keys: Sequence[bytes]) -> int:
@@ -576,9 +600,9 @@ class Store:
         for entry in lease.entries:
             self._tiering.end_lease(entry)
 
-    def _reservation(self, reservation_id: int) -> _Reservation:
+    def _reservation(self, reservation_id: int, owner: str) -> _Reservation:
         res = self._reservations.get(reservation_id)
-        if res is None:
+        if res is None or res.owner != owner:
             raise errors.UnknownReservationError(
                 f"no open reservation {reservation_id} (committed, aborted or expired)"
             )

@@ -363,7 +363,8 @@ def test_arbitrary_write_stream_into_a_real_reservation(node, num_good, specs, r
     returns exactly what the chunks wrote."""
     good = [("real", i, "next", size) for i in range(num_good) for size in ("half", "rest")]
     keys = node.fresh_keys(2)
-    rid = node.client.reserve(NS.id, keys).reservation_id
+    # Reserved on the fuzzing channel: a reservation is its owner's (one client) alone.
+    rid = node.stub.Reserve(pb.ReserveRequest(namespace_id=NS.id, keys=keys)).reservation_id
     written = [bytearray(), bytearray()]
     chunks, expected = [], grpc.StatusCode.OK
     for target, index, offset, size in good + specs:

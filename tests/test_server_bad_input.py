@@ -11,6 +11,7 @@ import pytest
 
 from kvstore import errors
 from kvstore._proto import kvstore_pb2 as pb
+from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.async_client import AsyncClient
 from kvstore.client import Client
 from kvstore.client_common import raise_rpc_error
@@ -216,15 +217,36 @@ def test_malformed_request_is_invalid_argument_with_one_log_line(store, unchange
 
 def test_a_malformed_chunk_ends_a_write_stream_and_undoes_its_half_block(store, client):
     keys = _chain(1, seed=21)
-    rid = client.reserve(NS.id, keys).reservation_id
-    half = pb.WriteChunk(reservation_id=rid, index=0, offset=0, data=_block(3)[:1000])
-    num_lines = len(store.log().splitlines())
-    with grpc.insecure_channel(store.address) as channel:
+    with grpc.insecure_channel(store.address) as channel:  # one client: the owner throughout
+        stub = pb_grpc.KVStoreStub(channel)
+        rid = stub.Reserve(pb.ReserveRequest(namespace_id=NS.id, keys=keys)).reservation_id
+        half = pb.WriteChunk(reservation_id=rid, index=0, offset=0, data=_block(3)[:1000])
+        num_lines = len(store.log().splitlines())
         write = channel.stream_unary(f"/{SERVICE.full_name}/Write")
         with pytest.raises(grpc.RpcError) as info:
             write(iter([half.SerializeToString(), MALFORMED]), timeout=10)
-    assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
-    assert len(store.log().splitlines()) == num_lines + 1
-    client.write(rid, [(0, _block(3))])  # from offset 0 again: the half block was undone
-    assert client.commit(rid) == 1
+        assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert len(store.log().splitlines()) == num_lines + 1
+        whole = pb.WriteChunk(reservation_id=rid, index=0, offset=0, data=_block(3))
+        stub.Write(iter([whole]))  # from offset 0 again: the half block was undone
+        assert stub.Commit(pb.CommitRequest(reservation_id=rid)).num_committed == 1
     assert bytes(client.get(NS.id, keys).blocks[0]) == _block(3)
+
+
+def test_a_reservation_is_its_owners_alone(store, client):
+    """Reservation ids are small integers: another client that names one gets NOT_FOUND for
+    write, commit and abort alike, and the owner's put lands exactly its own bytes."""
+    keys = _chain(2, seed=42)
+    reserved = client.reserve(NS.id, keys)
+    with Client(store.address, timeout_s=10.0) as other:
+        for call in (
+            lambda: other.write(reserved.reservation_id, [(0, _block(7)), (1, _block(7))]),
+            lambda: other.commit(reserved.reservation_id),
+            lambda: other.abort(reserved.reservation_id),
+        ):
+            with pytest.raises(errors.UnknownReservationError):
+                call()
+    client.write(reserved.reservation_id, [(0, _block(1)), (1, _block(2))])
+    assert client.commit(reserved.reservation_id) == 2
+    assert [bytes(b) for b in client.get(NS.id, keys).blocks] == [_block(1), _block(2)]
+    assert client.stats().num_reservations == 0

@@ -82,13 +82,13 @@ def test_a_stream_the_client_cancels_undoes_its_half_written_blocks(server, clie
     landed, rewound, unblock = threading.Event(), threading.Event(), threading.Event()
     real_write, real_rewind = store.write, store.rewind
 
-    def write(reservation_id, index, offset, data):  # type: ignore[no-untyped-def]
-        real_write(reservation_id, index, offset, data)
+    def write(reservation_id, index, offset, data, owner):  # type: ignore[no-untyped-def]
+        real_write(reservation_id, index, offset, data, owner)
         if index == 1:
             landed.set()
 
-    def rewind(reservation_id, index, offset):  # type: ignore[no-untyped-def]
-        real_rewind(reservation_id, index, offset)
+    def rewind(reservation_id, index, offset, owner):  # type: ignore[no-untyped-def]
+        real_rewind(reservation_id, index, offset, owner)
         rewound.set()
 
     store.write, store.rewind = write, rewind  # type: ignore[method-assign]

@@ -94,9 +94,9 @@ def test_open_reservations_are_limited_per_client_and_in_all():
             store.reserve(NS.id, _keys(4), owner="b")
         assert store.stats().num_reservations == 3
         store.check_integrity()
-        store.abort(a1.reservation_id)
-        store.write(a2.reservation_id, 0, 0, b"x" * BLOCK)
-        store.commit(a2.reservation_id)
+        store.abort(a1.reservation_id, owner="a")
+        store.write(a2.reservation_id, 0, 0, b"x" * BLOCK, owner="a")
+        store.commit(a2.reservation_id, owner="a")
         for i in (5, 6):  # both of a's are ended: a may open two again
             store.reserve(NS.id, _keys(i), owner="a")
         store.clock.now += 30.0  # every reservation expires

@@ -52,7 +52,8 @@ STATUS_CODES = (PutStatus.RESERVED, PutStatus.PRESENT, PutStatus.IN_FLIGHT)
 @dataclass
 class _Connection:
     client_id: int
-    peer: str
+    peer: str  # the handshake's gRPC peer ("ipv4:127.0.0.1:5000"): the store's client
+    peer_host: str  # without the port: what per-peer limits count
     tags: frames.Tags
     deadline: float  # dropped if no frame arrives before this (monotonic seconds)
     ep: Any = None
@@ -107,7 +108,11 @@ class UcxServer(DataPlaneServer):
         s = self.settings
         secret = secrets.token_bytes(frames.SECRET_BYTES)
         conn = _Connection(
-            next(self._ids), peer, frames.Tags(secret), time.monotonic() + s.hello_timeout_s
+            next(self._ids),
+            peer,
+            _peer_host(peer),
+            frames.Tags(secret),
+            time.monotonic() + s.hello_timeout_s,
         )
         with self._lock:
             if len(self._connections) >= s.max_connections:
@@ -115,10 +120,10 @@ class UcxServer(DataPlaneServer):
                     f"node holds {len(self._connections)} data-plane connections "
                     f"(max_dataplane_connections={s.max_connections})"
                 )
-            num_peer = sum(c.peer == peer for c in self._connections.values())
+            num_peer = sum(c.peer_host == conn.peer_host for c in self._connections.values())
             if num_peer >= s.max_connections_per_peer:
                 raise errors.TooManyConnectionsError(
-                    f"{peer} holds {num_peer} data-plane connections "
+                    f"{conn.peer_host} holds {num_peer} data-plane connections "
                     f"(max_dataplane_connections_per_peer={s.max_connections_per_peer})"
                 )
             self._connections[conn.client_id] = conn
@@ -236,7 +241,7 @@ class UcxServer(DataPlaneServer):
     async def _get(self, conn: _Connection, tags: RequestTags, req: Request) -> None:
         try:
             self._check_block_bytes(req)
-            lease = self.store.acquire(req.namespace_id, req.keys, device=True)
+            lease = self.store.acquire(req.namespace_id, req.keys, True, conn.peer)
         except errors.KVStoreError as exc:
             await self._reply(conn.ep, Reply(error=exc), tags.reply)
             return
@@ -255,7 +260,9 @@ class UcxServer(DataPlaneServer):
                 for i, view in enumerate(lease.views)
                 if view is not None
             ]
-            await with_deadline(asyncio.gather(*sends), self.timeout_s)
+            # The sends read the slots: they must end (or be cancelled) while the lease holds.
+            deadline_s = min(self.timeout_s, 0.9 * self.store.config.lease_timeout_s)
+            await with_deadline(asyncio.gather(*sends), deadline_s)
         except BaseException:
             self._drop(conn.client_id, "get_failed")  # cancel sends that still read the slots
             raise
@@ -267,7 +274,7 @@ class UcxServer(DataPlaneServer):
     async def _put(self, conn: _Connection, tags: RequestTags, req: Request) -> None:
         try:
             self._check_block_bytes(req)
-            reserved = self.store.reserve(req.namespace_id, req.keys, req.parents)
+            reserved = self.store.reserve(req.namespace_id, req.keys, req.parents, conn.peer)
         except errors.KVStoreError as exc:
             await self._reply(conn.ep, Reply(error=exc), tags.reply)
             return
@@ -277,7 +284,9 @@ class UcxServer(DataPlaneServer):
         try:
             receives = [
                 asyncio.ensure_future(
-                    self._receive_block(conn.ep, self.store.reservation_view(rid, i), tags.block(i))
+                    self._receive_block(
+                        conn.ep, self.store.reservation_view(rid, i, conn.peer), tags.block(i)
+                    )
                 )
                 for i in todo
             ]
@@ -285,7 +294,7 @@ class UcxServer(DataPlaneServer):
             crcs = await with_deadline(asyncio.gather(*receives), self.timeout_s)
         except BaseException:
             self._drop(conn.client_id, "put_failed")  # cancel receives into the slots first
-            self._abort_quietly(rid)
+            self._abort_quietly(rid, conn.peer)
             raise
         await self._finish_put(conn, tags, req, rid, dict(zip(todo, crcs, strict=True)))
 
@@ -300,18 +309,21 @@ class UcxServer(DataPlaneServer):
     ) -> None:
         try:
             for i, crc in crcs.items():
-                self.store.mark_written(rid, i, crc)
-            if rid:
-                await asyncio.to_thread(self.store.commit, rid, req.checksums or None)
+                self.store.mark_written(rid, i, crc, conn.peer)
+            await asyncio.to_thread(self.store.commit, rid, req.checksums or None, conn.peer)
         except errors.KVStoreError as exc:
-            self._abort_quietly(rid)
+            self._abort_quietly(rid, conn.peer)
             log.warning("event=ucx_put_rejected client=%d error=%s", conn.client_id, exc)
             await self._reply(conn.ep, Reply(error=exc), tags.done)
             return
         await self._reply(conn.ep, Reply(), tags.done)
 
-    def _abort_quietly(self, rid: int) -> None:
-        if not rid:
-            return
+    def _abort_quietly(self, rid: int, owner: str) -> None:
         with contextlib.suppress(errors.KVStoreError):
-            self.store.abort(rid)
+            self.store.abort(rid, owner)
+
+
+def _peer_host(peer: str) -> str:
+    """A gRPC peer without its port ("ipv4:127.0.0.1:5000" -> "ipv4:127.0.0.1")."""
+    host, sep, port = peer.rpartition(":")
+    return host if sep and port.isdigit() else peer
