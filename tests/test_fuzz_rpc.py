@@ -354,17 +354,25 @@ chunk_specs = st.lists(
 
 
 @FUZZ
-@given(num_good=st.integers(0, 2), specs=chunk_specs, rid_other=u64, commit=st.booleans())
+@given(
+    num_good=st.integers(0, 2),
+    specs=chunk_specs,
+    rid_other=st.just("foreign") | u64,
+    commit=st.booleans(),
+)
 def test_arbitrary_write_stream_into_a_real_reservation(node, num_good, specs, rid_other, commit):
     """Chunks into a fresh reservation of two blocks, at right and wrong offsets, sizes and
-    indices, or naming another reservation, after `num_good` blocks sent right (in two
-    halves). The stream applies chunks in order until the first bad one and leaves no block
-    half written; a commit succeeds exactly when both blocks are whole, and then a Get
-    returns exactly what the chunks wrote."""
+    indices, or naming another reservation (an unknown id, or another client's), after
+    `num_good` blocks sent right (in two halves). The stream applies chunks in order until
+    the first bad one and leaves no block half written; a commit succeeds exactly when both
+    blocks are whole, and then a Get returns exactly what the chunks wrote. The other
+    client's reservation stays its own: this one can neither write, commit nor abort it."""
     good = [("real", i, "next", size) for i in range(num_good) for size in ("half", "rest")]
     keys = node.fresh_keys(2)
     # Reserved on the fuzzing channel: a reservation is its owner's (one client) alone.
     rid = node.stub.Reserve(pb.ReserveRequest(namespace_id=NS.id, keys=keys)).reservation_id
+    foreign = node.client.reserve(NS.id, node.fresh_keys(1)).reservation_id
+    rid_other = foreign if rid_other == "foreign" else rid_other
     written = [bytearray(), bytearray()]
     chunks, expected = [], grpc.StatusCode.OK
     for target, index, offset, size in good + specs:
@@ -396,6 +404,14 @@ def test_arbitrary_write_stream_into_a_real_reservation(node, num_good, specs, r
         assert [bytes(b) for b in got] == [bytes(b) for b in written]
     else:
         assert got == (None, None)
+    for call, request_cls in (
+        (node.stub.Commit, pb.CommitRequest),
+        (node.stub.Abort, pb.AbortRequest),
+    ):
+        request = request_cls(reservation_id=foreign)
+        code, _ = _code(lambda c=call, r=request: c(r, timeout=10.0))
+        assert code is grpc.StatusCode.NOT_FOUND, "another client's reservation"
+    node.client.abort(foreign)  # still open, and its owner's
     _still_serving(node)
 
 
