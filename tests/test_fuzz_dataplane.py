@@ -573,9 +573,9 @@ def _rss_bytes(pid: int) -> int:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="bug: frames under tags that no receive matches stay queued in the node's UCX "
-    "worker (unexpected messages) for good, even once their connection is dropped, so any "
-    "client that can handshake grows the node's memory without bound",
+    reason="known limit (README, Data plane): frames under tags that no receive matches "
+    "stay queued in the node's UCX worker (unexpected messages) for good, even once their "
+    "connection is dropped, so any client that can handshake grows the node's memory",
 )
 def test_frames_under_unmatched_tags_do_not_grow_the_node(store_factory):
     """Found by the fuzzing above: 20,000 frames of 4 KiB (78 MiB) under random tags, from
