@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import re
@@ -166,3 +167,19 @@ def open_get_stream(
     assembler = GetAssembler()
     assembler.feed(next(stream))
     return stream, assembler
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(path: Path, size_bytes: int) -> Iterator[Path]:
+    """A tmpfs of `size_bytes` mounted at `path` (made if missing), unmounted afterwards;
+    skips the test where mounting is refused (it needs root)."""
+    path.mkdir(exist_ok=True)
+    cmd = ["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(path)]
+    mounted = subprocess.run(cmd, capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(path)], check=True)

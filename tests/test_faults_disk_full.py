@@ -9,7 +9,6 @@ demoter idle, so only the inline path writes.
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ import pytest
 from kvstore import errors
 from kvstore.client import Client
 from kvstore.keys import KVLayout, Namespace, block_keys
-from tests.conftest import StoreProcess, wait_until
+from tests.conftest import StoreProcess, mounted_tmpfs, wait_until
 
 NS = Namespace("full-disk-model", KVLayout("float16", 4, 2, 64, 16))  # 32 KiB blocks
 BLOCK = NS.block_bytes
@@ -43,15 +42,8 @@ def _payload(key: bytes) -> np.ndarray:
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A tmpfs of DISK_BYTES; request it before `store_factory`, so it is unmounted after
     the store has stopped."""
-    path = tmp_path / "small-disk"
-    path.mkdir()
-    cmd = ["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(path)]
-    mounted = subprocess.run(cmd, capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.strip()}")
-    yield path
-    if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
-        subprocess.run(["umount", "-l", str(path)], check=True)
+    with mounted_tmpfs(tmp_path / "small-disk", DISK_BYTES) as path:
+        yield path
 
 
 def _start(store_factory, disk: Path, path: str) -> StoreProcess:

@@ -28,7 +28,7 @@ from kvstore import tiering
 from kvstore.keys import KVLayout, Namespace, block_keys
 from kvstore.policy import POLICIES
 from kvstore.store import Store, StoreConfig
-from tests.conftest import wait_until
+from tests.conftest import mounted_tmpfs, wait_until
 from tiers.base import Record
 from tiers.ssd import SsdTier
 
@@ -381,15 +381,8 @@ DISK_BYTES = 1 << 20  # about 30 blocks
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A tmpfs of DISK_BYTES, unmounted after the test."""
-    path = tmp_path / "small-disk"
-    path.mkdir()
-    cmd = ["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(path)]
-    mounted = subprocess.run(cmd, capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.strip()}")
-    yield path
-    if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
-        subprocess.run(["umount", "-l", str(path)], check=True)
+    with mounted_tmpfs(tmp_path / "small-disk", DISK_BYTES) as path:
+        yield path
 
 
 def _big_chain(seed: int) -> list[bytes]:
