@@ -31,6 +31,8 @@ import struct
 from collections.abc import Sequence
 from typing import NamedTuple
 
+import numpy as np
+
 from kvstore import errors
 from kvstore.checksum import checksum
 from kvstore.keys import KEY_BYTES
@@ -130,7 +132,7 @@ def _unseal(data: memoryview, what: str) -> memoryview:
     (crc,) = _CRC.unpack_from(data, length - _CRC.size)
     if checksum(data[: length - _CRC.size]) != crc:
         raise errors.InvalidArgumentError(f"{what} frame is damaged or short (bad checksum)")
-    if data[length:].tobytes().strip(b"\0"):  # the buffer was zeroed: bytes past the frame
+    if np.frombuffer(data[length:], np.uint8).any():  # the buffer was zeroed: bytes past it
         raise errors.InvalidArgumentError(f"{what} frame is longer than the {length} it says")
     return data[_LEN.size : length - _CRC.size]
 
