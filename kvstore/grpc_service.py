@@ -1,10 +1,11 @@
-"""How the KVStore service meets grpc.aio: its method handlers, and one way errors leave.
+"""How the node's services meet grpc.aio: their method handlers, and one way errors leave.
 
-The handlers are built from the service descriptor, like the generated
-`add_KVStoreServicer_to_server`, with one difference: a request that does not parse as its
-message (in a stream, any one of them) decodes to a `Malformed` marker instead of raising
-inside grpc, where it would end the call as UNKNOWN with a traceback in the log. The
-handler turns the marker into `InvalidArgumentError`: INVALID_ARGUMENT, one log line.
+The handlers are built from a service descriptor (KVStore's, and the standard health
+service's), like the generated `add_..._to_server`, with one difference: a request that
+does not parse as its message (in a stream, any one of them) decodes to a `Malformed`
+marker instead of raising inside grpc, where it would end the call as UNKNOWN with a
+traceback in the log. The handler turns the marker into `InvalidArgumentError`:
+INVALID_ARGUMENT, one log line.
 """
 
 from __future__ import annotations
@@ -36,18 +37,21 @@ async def abort(context: grpc.aio.ServicerContext, exc: KVStoreError) -> None:
     await context.abort(grpc.StatusCode[exc.code], str(exc))
 
 
-def register(server: grpc.aio.Server, servicer: Any) -> None:
-    """Serves `servicer`'s methods (one per RPC of the service, by name) on `server`."""
-    handlers = {method.name: _handler(method, servicer) for method in SERVICE.methods}
+def register(
+    server: grpc.aio.Server, servicer: Any, service: Any = SERVICE, messages: Any = pb
+) -> None:
+    """Serves `servicer`'s methods (one per RPC of `service`, by name) on `server`;
+    `messages` is the generated module that holds the service's message classes."""
+    handlers = {m.name: _handler(m, servicer, messages) for m in service.methods}
     server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),)
+        (grpc.method_handlers_generic_handler(service.full_name, handlers),)
     )
-    server.add_registered_method_handlers(SERVICE.full_name, handlers)
+    server.add_registered_method_handlers(service.full_name, handlers)
 
 
-def _handler(method: Any, servicer: Any) -> grpc.RpcMethodHandler:
-    request_cls = getattr(pb, method.input_type.name)
-    response_cls = getattr(pb, method.output_type.name)
+def _handler(method: Any, servicer: Any, messages: Any) -> grpc.RpcMethodHandler:
+    request_cls = getattr(messages, method.input_type.name)
+    response_cls = getattr(messages, method.output_type.name)
     behavior = getattr(servicer, method.name)
     kinds = {
         (False, False): (grpc.unary_unary_rpc_method_handler, _checked_unary),

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2
 
 from kvstore import grpc_service, wire
 from kvstore._proto import kvstore_pb2 as pb
@@ -250,7 +250,8 @@ async def start_server(
     servicer = KVStoreServicer(store, config.chunk_bytes, dataplane)
     grpc_service.register(server, servicer)  # malformed requests: INVALID_ARGUMENT
     health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    health_service = health_pb2.DESCRIPTOR.services_by_name["Health"]
+    grpc_service.register(server, health_servicer, health_service, health_pb2)
     port = server.add_insecure_port(config.address)
     await server.start()
     for service in ("", wire.SERVICE_NAME):

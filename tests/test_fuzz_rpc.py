@@ -4,7 +4,7 @@ Every call ends OK or with a status that names the caller's mistake or the node'
 never UNKNOWN or INTERNAL (an exception that escaped a handler). After every example the
 node serves a fresh block's put and get, `check_integrity` passes, and once the clock has
 moved past the timeouts no reservation or lease of the fuzzing clients is left. A request
-that does not parse is INVALID_ARGUMENT with one log line.
+that does not parse is INVALID_ARGUMENT with one log line, on the health service too.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import grpc
 import pytest
 from google.protobuf.message import DecodeError
+from grpc_health.v1 import health_pb2
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -261,6 +262,26 @@ def test_raw_bytes_to_unary_rpcs(node, caplog, method, data):
 @given(payload=raw_requests("DataPlaneInfo"))
 def test_raw_bytes_to_data_plane_info(node, caplog, payload):
     _raw_bytes_to_unary(node, caplog, "DataPlaneInfo", payload)
+
+
+@FUZZ
+@given(payload=st.binary(max_size=64))
+def test_raw_bytes_to_health_check(node, caplog, payload):
+    """The standard health service is behind the same decoding as the store's RPCs."""
+    caplog.clear()
+    caplog.set_level(logging.INFO)
+    check = node.channel.unary_unary("/grpc.health.v1.Health/Check", None, None)
+    code, details = _code(lambda: check(payload, timeout=10.0))
+    try:
+        service = health_pb2.HealthCheckRequest.FromString(payload).service
+    except DecodeError:
+        event("malformed")
+        assert code is grpc.StatusCode.INVALID_ARGUMENT, f"Check: {code.name}: {details}"
+        _one_log_line(caplog, "Check")
+    else:
+        known = service in ("", "kvstore.v1.KVStore")
+        assert code is (grpc.StatusCode.OK if known else grpc.StatusCode.NOT_FOUND), details
+    _still_serving(node)
 
 
 @FUZZ
