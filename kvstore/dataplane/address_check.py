@@ -5,7 +5,8 @@ make it fail an assertion and abort the whole process. A client's address arrive
 network, so the node never hands one to its own UCX first. A long-lived checker process
 (`python -m kvstore.dataplane.address_check`) creates an endpoint from the address and
 drops it again; if that process survives, the same bytes unpack the same way in the node.
-If it dies, the address is refused and the checker is started afresh for the next one.
+If it dies, the address is refused and a fresh checker is started at once, so the next
+caller does not wait for its start-up (nor does the first: one starts with the node).
 
 Protocol on the checker's stdin/stdout: a request is a 4-byte little-endian length and the
 address; the answer is one byte, 1 for an address UCX accepted.
@@ -39,6 +40,8 @@ class AddressChecker:
         self.timeout_s = timeout_s
         self._lock = threading.Lock()  # one question at a time
         self._proc: subprocess.Popen[bytes] | None = None
+        with self._lock:
+            self._process()  # warm: its imports run while the node starts
 
     def check(self, address: bytes) -> None:
         """Raises InvalidArgumentError unless `address` is a worker address UCX accepts."""
@@ -58,7 +61,8 @@ class AddressChecker:
         except (BrokenPipeError, TimeoutError):
             answer = b""
         if answer != _OK:
-            self._kill()  # crashed on it, timed out, or refused: start afresh next time
+            self._kill()  # crashed on it, timed out, or refused
+            self._process()  # the next one starts up while this caller hears the refusal
             log.warning("event=ucx_address_refused bytes=%d", len(address))
             return False
         return True
