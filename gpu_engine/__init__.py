@@ -7,15 +7,20 @@ its local prefix cache and, through a `KVConnector`, from the store.
 from gpu_engine.config import MODEL_PRESETS, EngineConfig, ModelConfig
 from gpu_engine.connector_base import BlockPages, ConnectorRequest, KVConnector, NoopConnector
 from gpu_engine.engine import Engine, RequestMetrics, RequestOutput, Usage
-from gpu_engine.kv_cache import KVCache, OutOfPagesError, PagePool
+from gpu_engine.errors import BlockSizeError, EngineError, InvalidRequestError, OutOfPagesError
+from gpu_engine.kv_cache import KVCache
+from gpu_engine.page_pool import PagePool
 from gpu_engine.sampling import SamplingParams
 
 __all__ = [
     "MODEL_PRESETS",
     "BlockPages",
+    "BlockSizeError",
     "ConnectorRequest",
     "Engine",
     "EngineConfig",
+    "EngineError",
+    "InvalidRequestError",
     "KVCache",
     "KVConnector",
     "ModelConfig",

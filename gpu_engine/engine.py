@@ -36,10 +36,11 @@ import torch
 
 from gpu_engine.config import EngineConfig
 from gpu_engine.connector_base import ConnectorRequest, KVConnector, NoopConnector
-from gpu_engine.kv_cache import KVCache, PagePool
+from gpu_engine.errors import InvalidRequestError
+from gpu_engine.kv_cache import KVCache
 from gpu_engine.model import ForwardBatch, build_model
+from gpu_engine.page_pool import PagePool
 from gpu_engine.sampling import SamplingParams, sample
-from kvstore.errors import InvalidArgumentError
 from kvstore.keys import block_keys
 
 logger = logging.getLogger(__name__)
@@ -181,7 +182,7 @@ class Engine:
         """Queues a request; returns its id.
 
         Raises:
-            InvalidArgumentError: empty prompt, a token outside the vocabulary, or a request
+            InvalidRequestError: empty prompt, a token outside the vocabulary, or a request
                 that could never fit the model's positions or the page pool.
         """
         params = params if params is not None else SamplingParams()
@@ -449,13 +450,13 @@ class Engine:
     def _check_request(self, tokens: list[int], params: SamplingParams) -> None:
         m = self.config.model_config
         if not tokens:
-            raise InvalidArgumentError("prompt must have at least one token")
+            raise InvalidRequestError("prompt must have at least one token")
         if min(tokens) < 0 or max(tokens) >= m.vocab_size:
-            raise InvalidArgumentError(f"token ids must be in [0, {m.vocab_size})")
+            raise InvalidRequestError(f"token ids must be in [0, {m.vocab_size})")
         total = len(tokens) + params.max_tokens
         if total > m.max_position:
-            raise InvalidArgumentError(f"{total} tokens exceed max_position {m.max_position}")
+            raise InvalidRequestError(f"{total} tokens exceed max_position {m.max_position}")
         if self._num_pages(total) > self.config.num_pages:
-            raise InvalidArgumentError(
+            raise InvalidRequestError(
                 f"{total} tokens need more than {self.config.num_pages} pages"
             )

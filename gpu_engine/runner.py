@@ -16,12 +16,12 @@ from typing import NamedTuple
 
 from gpu_engine.connector import StoreConnector
 from gpu_engine.engine import Engine, RequestOutput
+from gpu_engine.errors import EngineError
 from gpu_engine.sampling import SamplingParams
-from kvstore.errors import KVStoreError
 
 logger = logging.getLogger(__name__)
 
-OutputStream = queue.Queue[RequestOutput | Exception]
+OutputStream = queue.Queue[RequestOutput | EngineError]
 
 
 class EngineLoad(NamedTuple):
@@ -124,7 +124,7 @@ class EngineRunner:
             block = False
             try:
                 request_id = self.engine.add_request(sub.prompt, sub.params)
-            except KVStoreError as exc:
+            except EngineError as exc:
                 sub.stream.put(exc)
                 continue
             self._streams[request_id] = sub.stream

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvstore.errors import InvalidArgumentError
+from gpu_engine.errors import InvalidRequestError
 
 
 @dataclass(frozen=True)
@@ -28,9 +28,9 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
-            raise InvalidArgumentError(f"max_tokens must be a positive int, got {self.max_tokens}")
+            raise InvalidRequestError(f"max_tokens must be a positive int, got {self.max_tokens}")
         if self.temperature < 0:
-            raise InvalidArgumentError(f"temperature must be >= 0, got {self.temperature}")
+            raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature}")
 
     @property
     def is_greedy(self) -> bool:

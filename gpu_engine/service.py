@@ -13,18 +13,20 @@ import threading
 from collections.abc import Iterator
 from concurrent import futures
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import grpc
 
 from gpu_engine.config import EngineConfig
 from gpu_engine.connector import StoreConnector, StoreConnectorConfig
 from gpu_engine.engine import Engine, RequestOutput
+from gpu_engine.errors import BlockSizeError, EngineError, InvalidRequestError, OutOfPagesError
 from gpu_engine.runner import EngineRunner
 from gpu_engine.sampling import SamplingParams
+from kvstore import errors
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.config import option
-from kvstore.errors import ERROR_METADATA_KEY, InvalidArgumentError, KVStoreError
 
 logger = logging.getLogger(__name__)
 
@@ -40,18 +42,31 @@ class EngineServiceConfig:
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
-            raise InvalidArgumentError(f"port must be in [0, 65536), got {self.port}")
+            raise errors.InvalidArgumentError(f"port must be in [0, 65536), got {self.port}")
         if self.max_workers <= 0:
-            raise InvalidArgumentError("max_workers must be > 0")
+            raise errors.InvalidArgumentError("max_workers must be > 0")
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
 
-def _abort(context: grpc.ServicerContext, exc: KVStoreError) -> None:
-    context.set_trailing_metadata(((ERROR_METADATA_KEY, type(exc).__name__),))
-    context.abort(grpc.StatusCode[exc.code], str(exc))
+# The one mapping of engine errors to the wire: each travels as the store error of its
+# status code, so `kvstore.client_common.raise_rpc_error` raises that class in the client.
+_WIRE_ERRORS: MappingProxyType[type[EngineError], type[errors.KVStoreError]] = MappingProxyType(
+    {
+        InvalidRequestError: errors.InvalidArgumentError,
+        BlockSizeError: errors.InvalidArgumentError,
+        OutOfPagesError: errors.ResourceExhaustedError,
+    }
+)
+
+
+def _abort(context: grpc.ServicerContext, exc: EngineError) -> None:
+    wire = next((w for cls, w in _WIRE_ERRORS.items() if isinstance(exc, cls)), None)
+    wire = wire if wire is not None else errors.KVStoreError  # INTERNAL
+    context.set_trailing_metadata(((errors.ERROR_METADATA_KEY, wire.__name__),))
+    context.abort(grpc.StatusCode[wire.code], str(exc))
 
 
 def _params(request: pb.GenerateRequest) -> SamplingParams:
@@ -89,13 +104,13 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
     ) -> Iterator[pb.GenerateResponse]:
         try:
             params = _params(request)
-        except (KVStoreError, ValueError) as exc:
-            _abort(context, InvalidArgumentError(str(exc)))
+        except (EngineError, ValueError) as exc:
+            _abort(context, InvalidRequestError(str(exc)))
         stream = self.runner.submit(list(request.prompt_token_ids), params)
         num_sent = 0
         while True:
             out = stream.get()
-            if isinstance(out, KVStoreError):
+            if isinstance(out, EngineError):
                 _abort(context, out)
             assert isinstance(out, RequestOutput), f"unexpected stream item {out!r}"
             yield _response(out, num_sent, request.return_logits)

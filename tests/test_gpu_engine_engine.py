@@ -13,8 +13,8 @@ import torch
 from gpu_engine.config import EngineConfig
 from gpu_engine.connector_base import BlockPages, ConnectorRequest, KVConnector
 from gpu_engine.engine import Engine, RequestOutput
+from gpu_engine.errors import InvalidRequestError
 from gpu_engine.sampling import SamplingParams
-from kvstore.errors import InvalidArgumentError
 
 BLOCK = 8
 GREEDY = SamplingParams(max_tokens=6)
@@ -329,7 +329,7 @@ def test_seeded_sampling_is_reproducible_and_stop_tokens_stop() -> None:
 )
 def test_bad_requests_are_refused(prompt: list[int], max_tokens: int) -> None:
     engine = _make_engine(num_pages=64)  # 256 tokens of pages
-    with pytest.raises(InvalidArgumentError):
+    with pytest.raises(InvalidRequestError):
         engine.add_request(prompt, SamplingParams(max_tokens=max_tokens))
     assert not engine.has_unfinished
 

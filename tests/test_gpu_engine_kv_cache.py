@@ -1,4 +1,4 @@
-"""Paged KV cache: block copies in and out of pages, and the page pool's accounting."""
+"""Paged KV cache: block copies in and out of pages, by slot and by block."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from gpu_engine.config import EngineConfig
-from gpu_engine.kv_cache import KVCache, OutOfPagesError, PagePool
-from kvstore.errors import PayloadSizeError
+from gpu_engine.errors import BlockSizeError
+from gpu_engine.kv_cache import KVCache
 
 LAYERS, HEADS, DIM, BLOCK = 2, 2, 4, 8
 
@@ -72,55 +72,11 @@ def test_layout_is_the_engine_namespace_layout() -> None:
     assert cache.layout == config.kv_layout == config.namespace.layout
 
 
-def test_allocate_release_and_out_of_pages() -> None:
-    pool = PagePool(4, 1)
-    pages = pool.allocate(3)
-    assert sorted(pages) == [0, 1, 2] and pool.num_available == 1
-    with pytest.raises(OutOfPagesError):
-        pool.allocate(2)
-    assert pool.num_available == 1  # the failed call changed nothing
-    pool.release(pages)
-    pool.check()
-    assert pool.num_available == 4
-    assert all(pool.refcount(p) == 0 for p in range(4))
-
-
-def test_shared_block_is_freed_only_by_its_last_holder() -> None:
-    pool = PagePool(4, 2)
-    pages = pool.allocate(2)
-    assert pool.insert(b"k0", pages)
-    assert not pool.insert(b"k0", pages)  # already cached
-    assert pool.match([b"k0", b"k1"]) == [tuple(pages)]
-    assert [pool.refcount(p) for p in pages] == [2, 2]
-    pool.release(pages)
-    pool.check()
-    assert pool.num_available == 2  # still held once
-    pool.release(pages)
-    pool.check()
-    assert pool.num_available == 4 and pool.num_cached_blocks == 1  # evictable, not gone
-    assert pool.match([b"k0"]) == [tuple(pages)]  # a hit revives it
-    pool.check()
-
-
-def test_eviction_is_lru_and_a_sequence_released_tail_first_loses_its_tail_first() -> None:
-    pool = PagePool(4, 1)
-    seq = pool.allocate(3)
-    for i, page in enumerate(seq):
-        pool.insert(b"k%d" % i, [page])
-    pool.release(seq[::-1])
-    pool.check()
-    assert pool.allocate(2)  # one free page, then evicts the least recent: k2 (the tail)
-    assert pool.match([b"k0", b"k1", b"k2"]) == [(seq[0],), (seq[1],)]
-    pool.check()
-    with pytest.raises(OutOfPagesError):
-        pool.allocate(1)  # k0 and k1 are held again
-
-
 def test_write_block_refuses_a_wrong_size_and_writes_nothing() -> None:
     cache = _make_cache(4)
-    with pytest.raises(PayloadSizeError):
+    with pytest.raises(BlockSizeError):
         cache.write_block([0, 1], b"\0" * 12)
-    with pytest.raises(PayloadSizeError):
+    with pytest.raises(BlockSizeError):
         cache.write_block([0, 1], _block(0).double())
     assert not cache.pages.any()
 
