@@ -10,7 +10,8 @@ a cycle would be blocks that no policy ever evicts. Links are acyclic by constru
 That alone is not enough: a block may leave the store while its children stay, and they
 keep naming it, so the policies link them to it again if it comes back. A key that an entry
 names as parent therefore comes back only where its own parent chain does not lead back to
-it (`closes_cycle`). Walks are shared within one call, so a call walks each block once.
+it (`closes_cycle`, `closes_cycle_on_return`). Walks are shared within one call, so a call
+walks each block once.
 """
 
 from __future__ import annotations
@@ -95,3 +96,13 @@ def closes_cycle(
             node = None if entry is None else entry.parent_id
     done |= path
     return False
+
+
+def closes_cycle_on_return(index: BlockIndex, bid: bytes, parent_id: bytes) -> bool:
+    """Whether block `bid`, out of the index, would close a cycle coming back under parent
+    `parent_id` (an SSD record taken back, or recovered)."""
+    if parent_id == bid:
+        return True
+    if not index.is_named_parent(bid):
+        return False
+    return closes_cycle(index, bid, {bid: parent_id}, set())

@@ -1,7 +1,7 @@
 """The block index: block id -> entry (tier, slot, size, checksum, state, leases); prefix match.
 
 A block is identified by its namespace and its key together: its *block id* is
-`namespace_id + key` (64 bytes). The index, the policies, the HBM cache and the SSD records
+`namespace_id + key` (64 bytes). The index, the policies, the HBM copies and the SSD records
 all go by block id, so the same key in two namespaces is two unrelated blocks, and nothing
 about one namespace's blocks shows through another's.
 """
@@ -54,11 +54,9 @@ class Entry:
     num_leases: int = 0  # readers, and the demoter while it writes the block out
     on_ssd: bool = False
     seq: int = 0  # commit order
-    stale_slot: Slot | None = None  # left DRAM while leased: freed when the last lease ends
     is_demoting: bool = False  # being written to SSD outside the lock; out of the DRAM policy
     num_hits: int = 0  # reads since commit, in any tier
     hbm_slot: Slot | None = None  # device copy of the DRAM block (HBM is inclusive of DRAM)
-    stale_hbm_slot: Slot | None = None  # device copy dropped while leased
     block_id: bytes = field(init=False)  # namespace_id + key: what index and policies use
     parent_id: bytes | None = field(init=False)  # the parent's block id
 

@@ -24,10 +24,11 @@ from typing import NamedTuple
 import lmdb
 import pytest
 
-from kvstore import tiering
+from kvstore import errors
 from kvstore.keys import KVLayout, Namespace, block_keys
 from kvstore.policy import POLICIES
 from kvstore.store import Store, StoreConfig
+from kvstore.tiering import demoter
 from tests.conftest import mounted_tmpfs, wait_until
 from tiers.base import Record
 from tiers.ssd import SsdTier
@@ -322,8 +323,8 @@ def test_a_failed_demotion_deletes_the_record_of_a_copy_removed_meanwhile(tmp_pa
 def test_the_demoter_waits_while_writes_fail_and_resumes_after_one_succeeds(
     tmp_path, faults, monkeypatch
 ):
-    for name in ("_BACKOFF_MIN_S", "_BACKOFF_MAX_S"):  # only a good write ends its wait
-        monkeypatch.setattr(tiering, name, 3600.0)
+    # Only a good write ends its wait.
+    monkeypatch.setattr(demoter, "DEFAULT_BACKOFF", demoter.Backoff(3600.0, 3600.0))
     with _make_store(tmp_path / "ssd", background_demotion=True) as store:
         a, b, c = _chain(8, seed=1), _chain(2, seed=2), _chain(1, seed=3)
         faults.fail_all()
@@ -455,3 +456,72 @@ def test_a_disk_that_fills_and_then_grows(small_disk, path):
         assert counters.demotions > num_demotions
         _assert_tiers_agree(store, tried)
         store.check_integrity()
+
+
+# -- deletes and metadata on a full disk -----------------------------------------------
+
+
+def test_a_remove_the_disk_refuses_removes_nothing_and_says_so(tmp_path, faults):
+    with _make_store(tmp_path / "ssd", dram_blocks=4, **INLINE_ONLY) as store:
+        a, b = _chain(4, seed=1), _chain(2, seed=2)
+        _put(store, a)
+        _put(store, b)  # evicts a[0] and a[1] to SSD
+        assert _tiers(store, a) == ("ssd", "ssd", "dram", "dram")
+        faults.fail_all()
+        with pytest.raises(errors.StoreFullError, match="nothing was removed"):
+            store.remove(NS.id, a[1:3])  # a[1] on SSD only, a[2] in DRAM only
+        assert _counts(store) == _Counts(4, 2, evictions=2, drops=0, demotions=2, failures=1)
+        store.check_integrity()
+        faults.heal()
+        assert store.remove(NS.id, a[1:3]) == 2
+        assert _tiers(store, a) == ("ssd", None, None, "dram")
+        assert store.read(NS.id, [a[0], a[3]]) == [_payload(a[0]), _payload(a[3])]
+        store.check_integrity()
+
+
+def test_a_full_disk_refuses_deletes_and_namespaces_without_leaving_memory_behind(small_disk):
+    config = StoreConfig(
+        dram_bytes=16 * BIG.block_bytes,
+        slab_bytes=16 * BIG.block_bytes,
+        ssd_path=str(small_disk),
+        ssd_bytes=256 * BIG.block_bytes,
+        background_demotion=False,
+        policy="lru",
+        ssd_policy="lru",
+        **INLINE_ONLY,
+    )
+    other = Namespace("ssd-errors-other", KVLayout("float16", 4, 2, 64, 16))
+    with Store(config) as store:
+        store.register_namespace(BIG)
+        counters = store._tiering.counters
+        tried: list[bytes] = []
+        for seed in range(64):
+            tried += _big_chain(seed)
+            _big_put(store, tried[-4:])
+            if counters.ssd_write_failures:
+                break
+        on_ssd = _on(store, tried, "ssd")[:4]
+        assert counters.ssd_write_failures and on_ssd, "the disk never filled"
+        try:
+            assert store.remove(BIG.id, on_ssd) == len(on_ssd)
+            assert store.match(BIG.id, on_ssd[:1]).num_matched == 0
+        except errors.StoreFullError:  # nothing removed
+            assert store.read(BIG.id, on_ssd) == list(map(_big_payload, on_ssd))
+        store.check_integrity()
+        try:
+            store.register_namespace(other)
+            assert store.namespace(other.id) == other
+        except errors.StoreFullError:  # nothing registered
+            with pytest.raises(errors.UnknownNamespaceError):
+                store.namespace(other.id)
+        store.check_integrity()
+        remount = ["mount", "-o", f"remount,size={8 * DISK_BYTES}", str(small_disk)]
+        subprocess.run(remount, check=True, capture_output=True)
+        store.register_namespace(other)
+        store.remove(BIG.id, on_ssd)
+        assert store.match(BIG.id, on_ssd[:1]).num_matched == 0
+        store.check_integrity()
+    with Store(config) as reopened:  # the disk holds what memory said
+        assert reopened.namespace(other.id) == other
+        assert reopened.match(BIG.id, on_ssd[:1]).num_matched == 0
+        reopened.check_integrity()
