@@ -4,12 +4,14 @@
 its local prefix cache and, through a `KVConnector`, from the store.
 """
 
-from gpu_engine.config import MODEL_PRESETS, EngineConfig, ModelConfig
+from gpu_engine.config import MODEL_PRESETS, EngineConfig, EngineRole, ModelConfig
 from gpu_engine.connector_base import BlockPages, ConnectorRequest, KVConnector, NoopConnector
-from gpu_engine.engine import Engine, RequestMetrics, RequestOutput, Usage
+from gpu_engine.engine import Engine
 from gpu_engine.errors import BlockSizeError, EngineError, InvalidRequestError, OutOfPagesError
 from gpu_engine.kv_cache import KVCache
+from gpu_engine.outputs import RequestMetrics, RequestOutput, Usage
 from gpu_engine.page_pool import PagePool
+from gpu_engine.request import RequestStatus
 from gpu_engine.sampling import SamplingParams
 
 __all__ = [
@@ -20,6 +22,7 @@ __all__ = [
     "Engine",
     "EngineConfig",
     "EngineError",
+    "EngineRole",
     "InvalidRequestError",
     "KVCache",
     "KVConnector",
@@ -29,6 +32,7 @@ __all__ = [
     "PagePool",
     "RequestMetrics",
     "RequestOutput",
+    "RequestStatus",
     "SamplingParams",
     "Usage",
 ]

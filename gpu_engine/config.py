@@ -6,6 +6,7 @@ variables and config-file keys come from this one table.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -83,6 +84,23 @@ MODEL_PRESETS: MappingProxyType[str, ModelConfig] = MappingProxyType(
 )
 
 
+class EngineRole(enum.Enum):
+    """What an engine does with the requests it is given; the scheduler consults it.
+
+    Only BOTH runs today. PREFILL (compute the prompt, publish its blocks, finish after the
+    first token) and DECODE (receive the prompt's blocks, then decode) come with the
+    conductor that hands requests from one to the other; `EngineConfig` refuses them until
+    then, and `gpu_engine.scheduler` names the two decisions they change.
+    """
+
+    BOTH = "both"
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+RUNNABLE_ROLES = (EngineRole.BOTH,)
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """One decode engine: model, KV pages and batching limits."""
@@ -101,12 +119,16 @@ class EngineConfig:
     async_load: bool = option(True, "receive store blocks off the step loop (False: inline)")
     seed: int = option(0, "seed of the random weights and of unseeded sampling")
     tenant_salt: str = option("", "tenant salt of the KV namespace, hex")
+    role: str = option("both", "what this engine runs: both (prefill and decode)")
 
     def __post_init__(self) -> None:
         if self.model not in MODEL_PRESETS:
             raise InvalidArgumentError(
                 f"unknown model {self.model!r}; known: {sorted(MODEL_PRESETS)}"
             )
+        runnable = [r.value for r in RUNNABLE_ROLES]
+        if self.role not in runnable:
+            raise InvalidArgumentError(f"role must be one of {runnable}, got {self.role!r}")
         if self.dtype not in _TORCH_DTYPES:
             raise InvalidArgumentError(f"unknown dtype {self.dtype!r}; known: {_TORCH_DTYPES}")
         for name in ("block_tokens", "page_tokens", "num_pages", "max_num_seqs"):
@@ -122,6 +144,10 @@ class EngineConfig:
     @property
     def model_config(self) -> ModelConfig:
         return MODEL_PRESETS[self.model]
+
+    @property
+    def engine_role(self) -> EngineRole:
+        return EngineRole(self.role)
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -3,7 +3,9 @@
 On admission the engine asks `lookup` (in its step loop) how many of the blocks its local
 prefix cache missed the store holds; when some, it runs `load` on its loader thread while
 the step loop goes on decoding the running requests, and the request joins prefill once the
-load returns (vLLM's WAITING_FOR_REMOTE_KVS, in small).
+load returns (its status is LOADING_REMOTE_KV meanwhile: vLLM's WAITING_FOR_REMOTE_KVS, in
+small). The engine calls a connector only through `gpu_engine.kv_transfer.KVTransfer`, which
+treats a raise, or a count outside ``[0, len(keys)]``, as 0 blocks.
 
 The engine owns pages and block keys; a connector only moves bytes between the store and
 pages it is handed, through `KVCache.write_block` / `read_block` / `block_view`. Every block

@@ -9,7 +9,7 @@ from typing import NamedTuple
 import grpc
 import numpy as np
 
-from gpu_engine.engine import Usage
+from gpu_engine.outputs import Usage
 from gpu_engine.runner import EngineLoad
 from gpu_engine.sampling import SamplingParams
 from kvstore._proto import kvstore_pb2 as pb

@@ -15,8 +15,9 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from gpu_engine.connector import StoreConnector
-from gpu_engine.engine import Engine, RequestOutput
+from gpu_engine.engine import Engine
 from gpu_engine.errors import EngineError
+from gpu_engine.outputs import RequestOutput
 from gpu_engine.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ class EngineRunner:
         """Finishes nothing more: stops after the current step."""
         self._inbox.put(None)
         self._thread.join()
+        self.engine.close()
 
     def submit(self, prompt: Sequence[int], params: SamplingParams) -> OutputStream:
         """Queues a request; its outputs (or the error refusing it) arrive on the stream."""

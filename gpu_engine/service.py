@@ -19,8 +19,9 @@ import grpc
 
 from gpu_engine.config import EngineConfig
 from gpu_engine.connector import StoreConnector, StoreConnectorConfig
-from gpu_engine.engine import Engine, RequestOutput
+from gpu_engine.engine import Engine
 from gpu_engine.errors import BlockSizeError, EngineError, InvalidRequestError, OutOfPagesError
+from gpu_engine.outputs import RequestOutput
 from gpu_engine.runner import EngineRunner
 from gpu_engine.sampling import SamplingParams
 from kvstore import errors

@@ -4,17 +4,17 @@ same tokens and logits as recomputation; batching, chunking and preemption chang
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import pytest
 import torch
 
 from gpu_engine.config import EngineConfig
-from gpu_engine.connector_base import BlockPages, ConnectorRequest, KVConnector
+from gpu_engine.connector_base import KVConnector
 from gpu_engine.engine import Engine, RequestOutput
 from gpu_engine.errors import InvalidRequestError
 from gpu_engine.sampling import SamplingParams
+from tests.gpu_engine_connectors import DictConnector, FlakyConnector, GatedConnector
 
 BLOCK = 8
 GREEDY = SamplingParams(max_tokens=6)
@@ -59,58 +59,6 @@ def _assert_idle(engine: Engine) -> None:
     assert engine.pool.num_available == engine.config.num_pages
 
 
-class DictConnector(KVConnector):
-    """An in-memory stand-in for the store, keyed by block key; shareable between engines."""
-
-    def __init__(self, blocks: dict[bytes, object], as_bytes: bool = False) -> None:
-        self.blocks = blocks
-        self.as_bytes = as_bytes
-        self.num_saved = 0
-
-    def load(
-        self, request: ConnectorRequest, keys: Sequence[bytes], pages: Sequence[BlockPages]
-    ) -> int:
-        for i, (key, block_pages) in enumerate(zip(keys, pages, strict=True)):
-            if key not in self.blocks:
-                return i
-            self.cache.write_block(block_pages, self.blocks[key])  # type: ignore[arg-type]
-        return len(keys)
-
-    def save(
-        self, request: ConnectorRequest, keys: Sequence[bytes], pages: Sequence[BlockPages]
-    ) -> None:
-        for key, block_pages in zip(keys, pages, strict=True):
-            block = self.cache.read_block(block_pages).clone()
-            self.blocks.setdefault(
-                key, block.view(torch.uint8).numpy().tobytes() if self.as_bytes else block
-            )
-            self.num_saved += 1
-
-
-class FlakyConnector(DictConnector):
-    """Loads at most `limit` blocks, scribbles garbage on the rest, or raises, or lies."""
-
-    def __init__(self, blocks: dict[bytes, object], mode: str, limit: int = 0) -> None:
-        super().__init__(blocks)
-        self.mode, self.limit = mode, limit
-
-    def lookup(self, request: ConnectorRequest, keys: Sequence[bytes]) -> int:
-        if self.mode == "lookup_raise":
-            raise ConnectionError("store unreachable")
-        return len(keys) + 1 if self.mode == "lookup_bad_count" else len(keys)
-
-    def load(
-        self, request: ConnectorRequest, keys: Sequence[bytes], pages: Sequence[BlockPages]
-    ) -> int:
-        for block_pages in pages:
-            self.cache.write_block(block_pages, torch.full(self.cache.block_shape, 7.0))
-        if self.mode == "raise":
-            raise ConnectionError("store unreachable")
-        if self.mode == "bad_count":
-            return len(keys) + 1
-        return super().load(request, keys[: self.limit], pages[: self.limit])
-
-
 @pytest.mark.parametrize("page_tokens", [4, 8])
 def test_local_prefix_cache_equals_recompute(page_tokens: int) -> None:
     shared = _prompt(0, 3 * BLOCK + 5)
@@ -136,27 +84,6 @@ def test_prompt_of_whole_blocks_still_computes_its_last_block() -> None:
     out = engine.generate([prompt], GREEDY)[0]
     assert out.usage.cached_tokens == 3 * BLOCK
     _assert_same(out, _reference(prompt))
-
-
-class GatedConnector(DictConnector):
-    """Loads only once `gate` is set, so a test sees the engine while a load is in flight;
-    `lookup` reports at most `max_hits` blocks."""
-
-    def __init__(self, blocks: dict[bytes, object], max_hits: int = 1 << 30) -> None:
-        super().__init__(blocks)
-        self.gate = threading.Event()
-        self.max_hits = max_hits
-        self.loaded_keys: list[bytes] = []
-
-    def lookup(self, request: ConnectorRequest, keys: Sequence[bytes]) -> int:
-        return min(self.max_hits, len(keys))
-
-    def load(
-        self, request: ConnectorRequest, keys: Sequence[bytes], pages: Sequence[BlockPages]
-    ) -> int:
-        assert self.gate.wait(timeout=30), "the test never opened the gate"
-        self.loaded_keys += keys
-        return super().load(request, keys, pages)
 
 
 @pytest.mark.parametrize("async_load", [True, False])
@@ -242,6 +169,27 @@ def test_only_blocks_the_lookup_reports_are_loaded() -> None:
     _assert_idle(engine)
 
 
+@pytest.mark.parametrize("async_load", [True, False])
+def test_a_lone_store_hit_waits_for_its_load_in_one_step_and_computes_in_the_next(
+    async_load: bool,
+) -> None:
+    blocks: dict[bytes, object] = {}
+    prompt = _prompt(63, 4 * BLOCK + 3)
+    _make_engine(DictConnector(blocks)).generate([prompt], GREEDY)
+    connector = GatedConnector(blocks)
+    connector.gate.set()
+    engine = _make_engine(connector, async_load=async_load)
+    engine.add_request(prompt, GREEDY)
+    assert engine.step() == []  # admitted; the step waits for the load instead of spinning
+    assert engine.num_running == 1 and engine.num_waiting == 0
+    first = engine.step()  # the load is in: only the 3 tokens after the loaded blocks
+    assert len(first) == 1 and first[0].output_token_ids == _reference(prompt).output_token_ids[:1]
+    assert first[0].usage.store_cached_tokens == 4 * BLOCK
+    while engine.has_unfinished:
+        engine.step()
+    _assert_idle(engine)
+
+
 @pytest.mark.parametrize("max_prefill_tokens", [1, 5, 8, 13])
 def test_chunked_prefill_equals_one_shot(max_prefill_tokens: int) -> None:
     prompt = _prompt(7, 50)
@@ -267,7 +215,7 @@ def test_batch_equals_each_alone() -> None:
 
 
 def test_preemption_under_a_small_pool_changes_nothing(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="gpu_engine.engine")
+    caplog.set_level(logging.INFO, logger="gpu_engine.scheduler")
     prompts = [_prompt(20 + i, 20) for i in range(4)]
     params = SamplingParams(max_tokens=14)
     engine = _make_engine(num_pages=24, max_prefill_tokens=64)  # 4 x 34 tokens need 36 pages

@@ -1,0 +1,138 @@
+"""The engine's side of its `KVConnector`: every call to it, and the loads in flight.
+
+Each connector call goes through `KVTransfer._checked`, the one place that catches what a
+connector raises and checks the count it reports (``0 <= n <= len(keys)``); anything else
+counts as 0 blocks, logged, so a broken connector costs recomputation and nothing more.
+A load runs on the loader thread (or inline, without `async_load`) and always ends as a
+`LoadResult`, collected by the scheduler with `finished_loads`; a load never raises.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import NamedTuple
+
+from gpu_engine.block_manager import Uncached
+from gpu_engine.connector_base import BlockPages, ConnectorRequest, KVConnector
+from gpu_engine.request import Request
+
+logger = logging.getLogger(__name__)
+
+
+class LoadResult(NamedTuple):
+    """A finished load: of `blocks` (keys `keys`), the first `num_loaded` hold the store's
+    bytes; the rest hold anything and are recomputed."""
+
+    request: Request
+    first_block: int  # block index in the request of keys[0]
+    keys: list[bytes]
+    blocks: list[BlockPages]
+    num_loaded: int  # checked: 0 <= num_loaded <= len(keys)
+
+
+class _PendingLoad(NamedTuple):
+    request: Request
+    uncached: Uncached
+    blocks: list[BlockPages]
+    num_loaded: Future[int]  # never raises: `_checked` maps failures to 0
+
+
+class KVTransfer:
+    """Looks up, loads and saves blocks through `connector`; see the module docstring.
+
+    Args:
+        connector: the store seam, already bound to the engine's cache.
+        async_load: receive on the loader thread (True) or inside `start_load` (False).
+    """
+
+    def __init__(self, connector: KVConnector, async_load: bool) -> None:
+        self.connector = connector
+        self.async_load = async_load
+        self._loads: list[_PendingLoad] = []
+        self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-load")
+
+    @property
+    def num_loading(self) -> int:
+        """Loads started and not yet returned by `finished_loads`."""
+        return len(self._loads)
+
+    def lookup(self, req: Request, uncached: Uncached) -> int:
+        """How many leading blocks of `uncached` the store holds: 0 on any failure."""
+        info = ConnectorRequest(req.request_id, req.num_prompt_tokens, uncached.parent_key)
+        keys = uncached.keys
+        return self._checked("lookup", info, len(keys), self.connector.lookup, info, keys)
+
+    def start_load(self, req: Request, uncached: Uncached, blocks: list[BlockPages]) -> None:
+        """Starts receiving blocks `uncached.keys` into `blocks` (their pages are the
+        connector's until the load is collected)."""
+        info = ConnectorRequest(req.request_id, req.num_prompt_tokens, uncached.parent_key)
+        args = ("load", info, len(blocks), self.connector.load, info, uncached.keys, blocks)
+        if self.async_load:
+            num_loaded = self._loader.submit(self._checked, *args)
+        else:
+            num_loaded = Future()
+            num_loaded.set_result(self._checked(*args))
+        self._loads.append(_PendingLoad(req, uncached, blocks, num_loaded))
+
+    def finished_loads(self) -> list[LoadResult]:
+        """The loads that are over since the last call, in the order they were started."""
+        if not self._loads:
+            return []
+        finished, pending = [], []
+        for load in self._loads:
+            if load.num_loaded.done():
+                req, uncached, blocks, num_loaded = load
+                keys, first = uncached.keys, uncached.first_block
+                finished.append(LoadResult(req, first, keys, blocks, num_loaded.result()))
+            else:
+                pending.append(load)
+        self._loads = pending
+        return finished
+
+    def wait_for_load(self, timeout_s: float | None = None) -> None:
+        """Blocks until a load in flight is over (returns at once when none is)."""
+        if self._loads:
+            wait([load.num_loaded for load in self._loads], timeout_s, FIRST_COMPLETED)
+
+    def save(
+        self, req: Request, parent_key: bytes | None, keys: list[bytes], blocks: list[BlockPages]
+    ) -> None:
+        """Offers blocks just computed (block i is `keys[i]` in `blocks[i]`) to the store."""
+        info = ConnectorRequest(req.request_id, req.num_prompt_tokens, parent_key)
+        self._checked("save", info, len(keys), self._save, info, keys, blocks)
+
+    def close(self) -> None:
+        """Waits for the load in flight, if any, and stops the loader thread."""
+        self._loader.shutdown(wait=True)
+
+    def _save(self, info: ConnectorRequest, keys: list[bytes], blocks: list[BlockPages]) -> int:
+        self.connector.save(info, keys, blocks)
+        return len(keys)
+
+    def _checked(
+        self,
+        op: str,
+        info: ConnectorRequest,
+        limit: int,
+        call: Callable[..., object],
+        *args: object,
+    ) -> int:
+        """`call(*args)`'s count of blocks if it is an int in [0, limit]; otherwise 0, logged.
+        The engine's only handler of connector failures."""
+        try:
+            count = call(*args)
+        except Exception:
+            logger.exception("event=connector_failed op=%s request_id=%d", op, info.request_id)
+            return 0
+        if not isinstance(count, int) or not 0 <= count <= limit:
+            logger.error(
+                "event=connector_bad_count op=%s request_id=%d count=%r limit=%d",
+                op,
+                info.request_id,
+                count,
+                limit,
+            )
+            return 0
+        return count
