@@ -22,7 +22,7 @@ from gpu_engine.engine_client import EngineClient
 from gpu_engine.sampling import SamplingParams
 from gpu_engine.service import EngineServer, EngineServiceConfig
 from kvstore.errors import InvalidArgumentError
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_until
 
 BLOCK = 8
 ENGINE_FLAGS = ("--block-tokens", str(BLOCK), "--page-tokens", str(BLOCK), "--num-pages", "256")
@@ -69,10 +69,9 @@ def test_engine_processes_share_blocks_through_the_store(store, engine_factory):
     np.testing.assert_allclose(out.logits, ref.logits.numpy(), atol=1e-4, rtol=0)
     assert out.ttft_s >= out.engine_ttft_s > 0
 
-    for _ in range(100):  # publishing is asynchronous
-        if first.load().num_pending_blocks == 0:
-            break
-    load = first.load()
+    load = wait_until(  # publishing is asynchronous
+        lambda: (lo := first.load()).num_pending_blocks == 0 and lo, 30.0, "blocks published"
+    )
     assert load.store_connected and load.num_published_blocks >= 6
     assert load.num_running == load.num_waiting == 0
 
