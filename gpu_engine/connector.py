@@ -31,6 +31,7 @@ from gpu_engine.publisher import BlockPublisher, PublishStats
 from kvstore.client import TRANSPORT_CHOICES, Client
 from kvstore.config import option
 from kvstore.errors import InvalidArgumentError, KVStoreError
+from kvstore.integrations.loaded_prefix import loaded_prefix_len
 from kvstore.keys import Namespace
 
 logger = logging.getLogger(__name__)
@@ -176,7 +177,7 @@ class StoreConnector(KVConnector):
             except KVStoreError as exc:
                 self._on_error("get", request, exc)
                 return start
-            num_found = next((i for i, f in enumerate(found) if not f), len(found))
+            num_found = loaded_prefix_len(found)
             if num_found < len(found):  # evicted since the match: stop at the gap
                 return start + num_found
         return len(keys)

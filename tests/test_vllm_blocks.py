@@ -67,3 +67,29 @@ def test_scatter_of_nothing_changes_nothing():
     dst = _caches("cpu", "zeros")
     PagedBlocks(dst, NUM_BLOCKS).scatter(PagedBlocks(dst, NUM_BLOCKS).empty(0), [])
     assert not any(c.any() for c in dst)
+
+
+@pytest.mark.parametrize("layout", ["cpu", "gpu"])
+def test_gather_into_fills_each_buffer_with_its_block_of_every_layer(layout):
+    src = _caches(layout, "random")
+    paged = PagedBlocks(src, NUM_BLOCKS)
+    block_ids = [6, 2, 4]
+    # A slice of a larger pool, as a publisher's staging hands it out.
+    pool = torch.full((5, LAYERS, paged.layer_elems), -1.0, dtype=torch.bfloat16)
+    outs = pool[1:4]
+    paged.gather_into(block_ids, outs)
+    for out, block_id in zip(outs, block_ids, strict=True):
+        for i, cache in enumerate(src):
+            assert torch.equal(out[i], _block(cache, layout, block_id).reshape(-1))
+    assert (pool[0] == -1).all() and (pool[4] == -1).all()  # nothing outside the slice
+    assert torch.equal(outs, paged.gather(block_ids))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gather_into_from_device_pages_equals_the_host_copy():
+    host = _caches("gpu", "random")
+    device = PagedBlocks([c.cuda() for c in host], NUM_BLOCKS)
+    outs = device.empty(2)  # pinned
+    device.gather_into([5, 1], outs)
+    assert torch.equal(outs, PagedBlocks(host, NUM_BLOCKS).gather([5, 1]))

@@ -7,6 +7,7 @@ missing vLLM fails; elsewhere it is skipped.
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -14,6 +15,7 @@ if not os.environ.get("KVSTORE_REQUIRE_VLLM"):
     pytest.importorskip("vllm")
 
 from bench.vllm_model import build_model
+from kvstore.client import Client
 from tests.conftest import free_port
 from tests.vllm_fixtures import corrupt_ssd_blocks, prompt_tokens, run_vllm
 
@@ -62,6 +64,7 @@ def test_fresh_process_loads_prefix_another_stored_and_recomputes_corrupt_blocks
     first = run_vllm(tmp_path, "first", **_kvstore(model, store.address, {"turns": [PROMPT]}))
     assert first.cached_tokens == [0]
     assert first.outputs == [reference]
+    assert "event=publish_stats published=10 dropped=0 failed=0" in first.log
     second = run_vllm(
         tmp_path,
         "second",
@@ -85,3 +88,19 @@ def test_store_down_recomputes_and_says_so(model, reference, tmp_path):
     assert run.outputs == [reference]
     assert run.cached_tokens == [0]
     assert "event=register_failed" in run.log
+
+
+def test_full_staging_drops_blocks_counts_them_and_never_continues_the_cut_chain(
+    model, reference, store, tmp_path
+):
+    """Two staging blocks, prefill in chunks of 8 blocks: the first chunk publishes 2 blocks
+    and drops 6, the second continues the cut chain and is dropped whole; outputs stay."""
+    spec = _kvstore(model, store.address, {"turns": [PROMPT]})
+    spec |= {"connector_extra": {"kvstore.publish_buffers": 2}, "max_num_batched_tokens": 8 * BLOCK}
+    run = run_vllm(tmp_path, "drops", **spec)
+    assert run.outputs == [reference]
+    drops = re.findall(r"event=save_dropped req=\S+ blocks=(\d+) staged=(\d+)", run.log)
+    assert drops == [("8", "2"), ("2", "0")]
+    assert "event=publish_stats published=2 dropped=8 failed=0" in run.log
+    with Client(store.address) as client:
+        assert client.stats().num_blocks == 2  # the published prefix, nothing past the cut

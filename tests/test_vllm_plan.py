@@ -1,10 +1,12 @@
-"""Scheduler-side planning of the vLLM connector, without vLLM."""
+"""Scheduler-side planning of the vLLM connector and the load rule it shares with the
+engine's connector, without vLLM."""
 
 from __future__ import annotations
 
 import pytest
 
 from kvstore.errors import InvalidArgumentError
+from kvstore.integrations.loaded_prefix import loaded_prefix_len
 from kvstore.integrations.vllm_config import ConnectorConfig
 from kvstore.integrations.vllm_plan import RequestBlocks, loadable_prefix_len
 from kvstore.keys import KVLayout, Namespace, block_keys
@@ -41,3 +43,22 @@ def test_config_reads_prefixed_extra_keys_and_rejects_unknown():
     assert config.address == "h:1"
     with pytest.raises(InvalidArgumentError):
         ConnectorConfig.from_extra_config({"kvstore.adress": "h:1"})
+
+
+def test_config_reads_publish_buffers_and_rejects_bad_numbers():
+    config = ConnectorConfig.from_extra_config({"kvstore.publish_buffers": "3"})
+    assert config.publish_buffers == 3
+    assert ConnectorConfig().publish_buffers == 512
+    for bad in ("0", "many"):
+        with pytest.raises(InvalidArgumentError):
+            ConnectorConfig.from_extra_config({"kvstore.publish_buffers": bad})
+    with pytest.raises(InvalidArgumentError):
+        ConnectorConfig.from_extra_config({"kvstore.timeout_s": "soon"})
+
+
+@pytest.mark.parametrize(
+    ("found", "expected"),
+    [((), 0), ((True, True), 2), ((False, True), 0), ((True, False, True), 1)],
+)
+def test_only_a_fully_received_prefix_counts_as_loaded(found, expected):
+    assert loaded_prefix_len(found) == expected

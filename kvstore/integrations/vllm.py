@@ -13,14 +13,19 @@ Scheduler side: hashes each prompt's full blocks into kvstore keys (namespace: m
 KV layout, block size; the request's `cache_salt` as tenant salt), asks the store for the
 longest stored prefix and plans loads and saves. Worker side: loads planned blocks into
 vLLM's paged cache before the forward pass and publishes newly computed prompt blocks
-after it, from a background thread. A block that cannot be loaded is reported to vLLM,
-which recomputes it; the connector never lets the model read a block it did not fill.
+after it through `kvstore.publishing.BlockPublisher`: one copy into a bounded pool of host
+staging blocks, then a background thread puts them. When the pool is full, blocks are
+dropped (counted, logged as `event=save_dropped`, and totalled at shutdown as
+`event=publish_stats`), and a chain cut by a drop is not continued. A block that cannot be
+loaded is reported to vLLM, which recomputes it; only a fully received prefix counts
+(`loaded_prefix_len`), and the model never reads a block the connector did not fill.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +38,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from kvstore.client import Client
 from kvstore.errors import KVStoreError
+from kvstore.integrations.loaded_prefix import loaded_prefix_len
 from kvstore.integrations.vllm_blocks import PagedBlocks
 from kvstore.integrations.vllm_config import ConnectorConfig
 from kvstore.integrations.vllm_plan import (
@@ -41,6 +47,7 @@ from kvstore.integrations.vllm_plan import (
     loadable_prefix_len,
 )
 from kvstore.keys import KVLayout, Namespace
+from kvstore.publishing import BlockPublisher
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -50,16 +57,19 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 log = logging.getLogger("kvstore.integrations.vllm")
+_PUBLISHER_LOG = "kvstore.publishing"  # its publish_failed lines belong in vLLM's log too
 
 
 def _log_through_vllm() -> None:
-    """Sends this module's records to vLLM's handlers, so they appear in vLLM's log."""
-    if not log.handlers:
-        vllm_log = logging.getLogger("vllm")
-        for handler in vllm_log.handlers:
-            log.addHandler(handler)
-        log.setLevel(vllm_log.level or logging.INFO)
-        log.propagate = False
+    """Sends this module's and the publisher's records to vLLM's handlers, so they appear
+    in vLLM's log."""
+    vllm_log = logging.getLogger("vllm")
+    for logger in (log, logging.getLogger(_PUBLISHER_LOG)):
+        if not logger.handlers:
+            for handler in vllm_log.handlers:
+                logger.addHandler(handler)
+            logger.setLevel(vllm_log.level or logging.INFO)
+            logger.propagate = False
 
 
 @dataclass
@@ -116,7 +126,7 @@ class KVStoreConnector(KVConnectorBase_V1):
         # Worker state.
         self._paged: PagedBlocks | None = None
         self._failed_block_ids: set[int] = set()
-        self._saver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvstore-save")
+        self._publisher: BlockPublisher | None = None
         if role == KVConnectorRole.SCHEDULER:
             self._require_recompute_on_failure()
 
@@ -242,12 +252,19 @@ class KVStoreConnector(KVConnectorBase_V1):
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         num_blocks = self._kv_cache_config.num_blocks
-        self._paged = PagedBlocks(list(kv_caches.values()), num_blocks)
+        paged = self._paged = PagedBlocks(list(kv_caches.values()), num_blocks)
+        if self.config.save:
+            block_shape = (len(paged.layers), paged.layer_elems)
+            is_cuda = paged.layers[0].is_cuda
+            self._publisher = BlockPublisher(
+                None, block_shape, paged.dtype, self.config.publish_buffers, pin_memory=is_cuda
+            )
         log.info(
-            "event=kv_caches_registered layers=%d block_bytes=%d num_blocks=%d",
+            "event=kv_caches_registered layers=%d block_bytes=%d num_blocks=%d publish_buffers=%d",
             len(kv_caches),
-            self._paged.block_bytes,
+            paged.block_bytes,
             num_blocks,
+            self.config.publish_buffers if self._publisher else 0,
         )
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
@@ -267,7 +284,7 @@ class KVStoreConnector(KVConnectorBase_V1):
         except Exception as exc:  # whatever broke, these blocks were not filled
             found = (False,) * len(load.keys)
             log.warning("event=load_failed req=%s error=%s", load.req_id, type(exc).__name__)
-        num_ok = found.index(False) if False in found else len(found)
+        num_ok = loaded_prefix_len(found)
         self._paged.scatter(staging[:num_ok], load.block_ids[:num_ok])
         if num_ok < len(found):
             # A chain with a hole is unusable past it: vLLM recomputes from the first miss.
@@ -288,29 +305,58 @@ class KVStoreConnector(KVConnectorBase_V1):
         return  # blocks are copied out once, for all layers, in wait_for_save
 
     def wait_for_save(self) -> None:
-        """Copies this step's completed blocks out and publishes them in the background."""
+        """Copies this step's completed blocks into staging and publishes them in the
+        background; blocks beyond the free staging are dropped (a future miss)."""
         if not self.has_connector_metadata():
             return
         meta = self._get_connector_metadata()
         assert isinstance(meta, KVStoreConnectorMetadata)
         for save in meta.saves:
-            assert self._paged is not None, "register_kv_caches was not called"
-            staging = self._paged.gather(save.block_ids)
-            self._saver.submit(self._put, save, staging)
+            self._offer(save)
 
-    def _put(self, save: BlockTransfer, staging: torch.Tensor) -> None:
-        try:
-            blocks = PagedBlocks.as_buffers(staging)
-            result = self._client.put_chain(save.namespace_id, save.keys, blocks, save.parent)
-        except Exception as exc:  # a failed save is a future miss, never an engine error
-            log.warning("event=save_failed req=%s error=%s", save.req_id, type(exc).__name__)
-            return
-        log.debug("event=saved req=%s blocks=%d result=%s", save.req_id, len(save.keys), result)
+    def _offer(self, save: BlockTransfer) -> None:
+        paged, publisher = self._paged, self._publisher
+        assert paged is not None and publisher is not None, "register_kv_caches was not called"
+
+        def read_blocks(start: int, outs: torch.Tensor) -> None:
+            paged.gather_into(save.block_ids[start : start + len(outs)], outs)
+
+        put = functools.partial(self._put, save)
+        num_staged = publisher.offer_batch(save.keys, read_blocks, save.parent, put)
+        if num_staged < len(save.keys):
+            log.warning(
+                "event=save_dropped req=%s blocks=%d staged=%d dropped_total=%d",
+                save.req_id,
+                len(save.keys),
+                num_staged,
+                publisher.stats().num_dropped_blocks,
+            )
+
+    def _put(
+        self,
+        save: BlockTransfer,
+        keys: Sequence[bytes],
+        blocks: Sequence[torch.Tensor],
+        parent: bytes | None,
+    ) -> None:
+        """The publisher's put of (a staged prefix of) `save`; raises what the store raised."""
+        buffers = [PagedBlocks.as_buffer(block) for block in blocks]
+        result = self._client.put_chain(save.namespace_id, keys, buffers, parent)
+        log.debug("event=saved req=%s blocks=%d result=%s", save.req_id, len(keys), result)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         failed, self._failed_block_ids = self._failed_block_ids, set()
         return failed
 
     def shutdown(self) -> None:
-        self._saver.shutdown(wait=True)
+        """Finishes the queued publishes, then closes the store connection."""
+        if self._publisher is not None:
+            self._publisher.close()
+            stats = self._publisher.stats()
+            log.info(
+                "event=publish_stats published=%d dropped=%d failed=%d",
+                stats.num_published_blocks,
+                stats.num_dropped_blocks,
+                stats.num_failed_blocks,
+            )
         self._client.close()

@@ -25,6 +25,15 @@ def _block_major(cache: torch.Tensor, num_blocks: int) -> torch.Tensor:
     return cache.transpose(0, 1)
 
 
+def _flat_view(layer: torch.Tensor) -> torch.Tensor | None:
+    """`layer` as (num_blocks, layer_elems) without a copy; None where its blocks are not
+    contiguous (the flash layout's K and V planes)."""
+    try:
+        return layer.view(layer.shape[0], -1)
+    except RuntimeError:
+        return None
+
+
 class PagedBlocks:
     """Gathers and scatters whole blocks of all layers of vLLM's KV cache."""
 
@@ -34,6 +43,7 @@ class PagedBlocks:
         self.dtype = first.dtype
         self.layer_elems = first[0].numel()  # elements of one block of one layer
         assert all(t[0].numel() == self.layer_elems for t in self.layers), "uneven layers"
+        self._flat = [_flat_view(t) for t in self.layers]
 
     @property
     def block_elems(self) -> int:
@@ -55,13 +65,37 @@ class PagedBlocks:
         flat = staging.view(torch.uint8).reshape(staging.shape[0], -1)
         return list(flat.numpy())
 
+    @staticmethod
+    def as_buffer(block: torch.Tensor) -> np.ndarray:
+        """A writable uint8 numpy view of one host staging block (layers, layer_elems)."""
+        return block.view(torch.uint8).reshape(-1).numpy()
+
     def gather(self, block_ids: Sequence[int]) -> torch.Tensor:
         """Copies blocks out of the paged cache into a new staging tensor."""
         out = self.empty(len(block_ids))
-        index = torch.tensor(block_ids, dtype=torch.long, device=self.layers[0].device)
-        for i, layer in enumerate(self.layers):
-            out[:, i].copy_(layer.index_select(0, index).reshape(len(block_ids), -1))
+        self.gather_into(block_ids, out)
         return out
+
+    def gather_into(self, block_ids: Sequence[int], outs: torch.Tensor) -> None:
+        """Copies blocks `block_ids` of the paged cache into host staging `outs`
+        (n, layers, layer_elems), e.g. a slice of a publisher's pool; done on return."""
+        assert outs.shape[0] == len(block_ids), f"{len(block_ids)} blocks into {len(outs)}"
+        device = self.layers[0].device
+        index = torch.tensor(block_ids, dtype=torch.long, device=device)
+        if outs.device == device:
+            self._gather(index, outs)
+            return
+        # Device pages: gather on the device, then one transfer for the whole batch.
+        staged = torch.empty(outs.shape, dtype=outs.dtype, device=device)
+        self._gather(index, staged)
+        outs.copy_(staged)
+
+    def _gather(self, index: torch.Tensor, out: torch.Tensor) -> None:
+        for i, (layer, flat) in enumerate(zip(self.layers, self._flat, strict=True)):
+            if flat is not None:  # straight into the strided destination, no temporary
+                torch.index_select(flat, 0, index, out=out[:, i])
+            else:
+                out[:, i].copy_(layer.index_select(0, index).reshape(len(index), -1))
 
     def scatter(self, staging: torch.Tensor, block_ids: Sequence[int]) -> None:
         """Writes staging blocks (n, layers, layer_elems) into the paged cache."""

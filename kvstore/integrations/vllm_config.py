@@ -10,6 +10,7 @@ from kvstore.client import TRANSPORT_CHOICES
 from kvstore.errors import InvalidArgumentError
 
 _PREFIX = "kvstore."
+_NUMBERS: dict[str, type[int] | type[float]] = {"timeout_s": float, "publish_buffers": int}
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,8 @@ class ConnectorConfig:
         timeout_s: deadline of each store call; a slow store costs at most this per step.
         transport: "auto", "ucx" or "grpc" (see `kvstore.client.Client`).
         save: publish computed prompt blocks to the store.
+        publish_buffers: host staging blocks for publishing (allocated at start, each one
+            store block); blocks computed while all are taken are dropped and counted.
     """
 
     address: str = "127.0.0.1:50051"
@@ -30,6 +33,7 @@ class ConnectorConfig:
     timeout_s: float = 5.0
     transport: str = "auto"
     save: bool = True
+    publish_buffers: int = 512
 
     def __post_init__(self) -> None:
         if ":" not in self.address:
@@ -38,6 +42,8 @@ class ConnectorConfig:
             raise InvalidArgumentError("timeout_s must be positive")
         if self.transport not in TRANSPORT_CHOICES:
             raise InvalidArgumentError(f"transport must be one of {TRANSPORT_CHOICES}")
+        if self.publish_buffers <= 0:
+            raise InvalidArgumentError("publish_buffers must be > 0")
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any]) -> ConnectorConfig:
@@ -48,6 +54,10 @@ class ConnectorConfig:
             raise InvalidArgumentError(f"unknown kvstore connector settings: {unknown}")
         if "save" in fields:
             fields["save"] = str(fields["save"]).lower() not in ("0", "false", "no")
-        if "timeout_s" in fields:
-            fields["timeout_s"] = float(fields["timeout_s"])
+        for name, convert in _NUMBERS.items():
+            if name in fields:
+                try:
+                    fields[name] = convert(fields[name])
+                except (TypeError, ValueError):
+                    raise InvalidArgumentError(f"kvstore.{name}: not a number") from None
         return cls(**fields)
