@@ -13,7 +13,7 @@ import argparse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from bench import trace_sim
+from bench import trace_ablation, trace_sim
 from bench.options import extra_of
 from bench.report import Row, progress_bar, pyplot
 from bench.suites import SuiteOptions
@@ -29,6 +29,8 @@ DEFAULTS: Mapping[str, object] = {
     "policy": "all",
     "block_bytes": 64,
     "weighting": "tokens",
+    "ablation": False,
+    "workers": 2,
 }
 # The plot's capacities, as fractions of the trace's distinct blocks, on a log axis: the
 # same picture for traces of any size (for the shared trace, 374 to 30,747 blocks: never
@@ -46,6 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--policy", default=DEFAULTS["policy"], choices=["all", *POLICIES], help="policy or all")
     add("--block-bytes", type=int, default=DEFAULTS["block_bytes"], help="payload per block")
     add("--weighting", default=DEFAULTS["weighting"], choices=list(WEIGHTINGS))
+    add("--ablation", action="store_true", help="what each mechanism of prefix-2q gains")
+    add("--workers", type=int, default=DEFAULTS["workers"], help="--ablation: processes")
 
 
 def _settings(options: SuiteOptions) -> dict[str, object]:
@@ -114,6 +118,9 @@ def run(options: SuiteOptions) -> list[Row]:
             (`add_arguments`) come in ``extra``.
     """
     s = _settings(options)
+    if s["ablation"]:
+        trace, weighting = Path(str(s["trace"])), str(s["weighting"])
+        return trace_ablation.run_ablation(trace, weighting, options.quick, int(s["workers"]))  # type: ignore[call-overload]
     try:
         requests = load_trace(Path(str(s["trace"])), QUICK_REQUESTS if options.quick else None)
     except (OSError, ValueError) as exc:
@@ -165,6 +172,8 @@ def _sweep(
 def plot(rows: list[Row], path: Path) -> None:
     """Hit ratio vs total capacity per policy, with Belady and unbounded; rows as points."""
     first = rows[0]
+    if "mechanism" in first:
+        raise SystemExit("--plot draws a replay, not --ablation")
     requests = load_trace(Path(str(first["trace"])), int(first["requests"]))  # type: ignore[call-overload]
     weighting = str(first["weighting"])
     quick = len(requests) <= QUICK_REQUESTS

@@ -112,14 +112,20 @@ def simulate_belady(requests: Sequence[Request], capacity: int) -> list[int]:
 
 
 def simulate_policy(requests: Sequence[Request], capacity: int, policy: str) -> list[int]:
-    """A registry policy driven exactly as `Store` drives it during a trace replay.
+    """A registry policy driven exactly as `Store` drives it during a trace replay
+    (`simulate_instance` on a fresh `make_policy(policy)`)."""
+    return simulate_instance(requests, capacity, make_policy(policy))
+
+
+def simulate_instance(requests: Sequence[Request], capacity: int, pol: EvictionPolicy) -> list[int]:
+    """`pol`, empty, driven exactly as `Store` drives its policy during a trace replay.
 
     Per request: match; touch the hits (acquire); touch the present parents of the rest
     (reserve); evict the first candidate until the misses fit; insert the misses in chain
     order (commit). Nothing is leased or reserved while evicting, so every candidate is
     evictable and the outcome equals a DRAM-only `Store` replay block for block.
     """
-    pol = make_policy(policy)
+    assert not len(pol), "the policy must start empty"
     present: set[int] = set()
     num_hit = []
     for req in requests:

@@ -7,6 +7,7 @@ store itself skips candidates it may not evict (leased, reserved, in another tie
 
 from __future__ import annotations
 
+import enum
 import heapq
 from abc import ABC, abstractmethod
 from collections import OrderedDict
@@ -268,6 +269,18 @@ class _GhostList:
         return len(self._entries)
 
 
+class Mechanism(enum.Enum):
+    """A part of `Prefix2QPolicy` that can be switched off, to measure what it gains."""
+
+    SECOND_CHANCES = "second-chances"
+    ADAPTIVE_SHARE = "adaptive-share"
+    NEAR_ENDS = "near-ends"
+    PROMPT_CLASSES = "prompt-classes"
+
+
+ALL_MECHANISMS = frozenset(Mechanism)
+
+
 def prompt_class(num_blocks: int) -> int:
     """The class of a prompt of `num_blocks` blocks: 0 below 4, then one per doubling (4 to
     7, 8 to 15, ...), the last from 64 on."""
@@ -340,7 +353,9 @@ class Prefix2QPolicy(EvictionPolicy):
     PROMPT_CLASSES = 6
     NO_CLASS = PROMPT_CLASSES  # the index of blocks of no prompt class in `_waiting`
 
-    def __init__(self) -> None:
+    def __init__(self, mechanisms: Iterable[Mechanism] = ALL_MECHANISMS) -> None:
+        self.mechanisms = frozenset(mechanisms)
+        self._on = {m: m in self.mechanisms for m in Mechanism}
         self._clock = 0  # blocks inserted so far: probation's time
         self._probation: dict[bytes, int] = {}  # -> the clock when it entered probation
         self._second_chances: set[bytes] = set()  # read blocks on probation
@@ -378,14 +393,17 @@ class Prefix2QPolicy(EvictionPolicy):
         else:
             self._enter_probation(key)
             if not moved:
-                self._distance[key] = -1  # unread; its distance comes from its children
-                self._update_distance(key)
-                self._raise_prompt_class(key, prompt_class(self._depth[key] + 1))
-            elif hint is not None:
+                if self._on[Mechanism.NEAR_ENDS]:
+                    self._distance[key] = -1  # unread; its distance comes from its children
+                    self._update_distance(key)
+                if self._on[Mechanism.PROMPT_CLASSES]:
+                    self._raise_prompt_class(key, prompt_class(self._depth[key] + 1))
+            elif hint is not None and self._on[Mechanism.PROMPT_CLASSES]:
                 self._raise_prompt_class(key, hint.prompt_class)
         if parent is not None:
             self._update_distance(parent)
             self._refresh(parent)  # the parent after its child, so the tail goes first
+        self._balance()
 
     def touch(self, keys: Sequence[bytes]) -> None:
         for key in reversed(keys):  # tail first: the root ends up the most recent
@@ -400,6 +418,7 @@ class Prefix2QPolicy(EvictionPolicy):
                 self._protected[key] = None
             elif key in self._protected:
                 self._protected.move_to_end(key)
+        self._balance()
 
     def remove(self, key: bytes) -> None:
         if key not in self._chains:
@@ -408,7 +427,9 @@ class Prefix2QPolicy(EvictionPolicy):
         del self._depth[key]
         was_waiting = self._leave_probation(key)
         distance, klass = self._forget_unread(key)
-        self._protected.pop(key, None)
+        was_protected = self._protected.pop(key, 0) is None
+        if was_protected and not self._on[Mechanism.SECOND_CHANCES]:
+            self._ghost.add(key, None, None, True, self.GHOST_FACTOR * len(self))
         if was_waiting:
             if distance is not None:
                 self._returns.record(distance, False, len(self))
@@ -417,9 +438,12 @@ class Prefix2QPolicy(EvictionPolicy):
             was_read = key in self._second_chances
             self._second_chances.discard(key)
             self._ghost.add(key, distance, klass, was_read, self.GHOST_FACTOR * len(self))
+        self._balance()
 
     def candidates(self) -> Iterator[bytes]:
-        self._balance()  # only once victims are wanted: a store still filling up keeps all
+        over = len(self._protected) > (1 - self._probation_share) * len(self)
+        if over and not self._on[Mechanism.SECOND_CHANCES]:  # plain 2Q: protected's LRU
+            yield from (k for k in self._protected if self._chains.is_tail(k))
         near = self.near_end_distances()
         for distance in near:
             yield from (k for k in self._near_ends[distance] if self._chains.is_tail(k))
@@ -433,7 +457,8 @@ class Prefix2QPolicy(EvictionPolicy):
         for _, k in heapq.merge(*queues, key=itemgetter(0), reverse=True):
             if self._distance.get(k) not in near and self._chains.is_tail(k):
                 yield k
-        yield from (k for k in self._protected if self._chains.is_tail(k))
+        if not (over and not self._on[Mechanism.SECOND_CHANCES]):
+            yield from (k for k in self._protected if self._chains.is_tail(k))
 
     def should_demote(self, key: bytes) -> bool:
         """Demotes every block but a dead end, while dead ends rarely come back."""
@@ -522,6 +547,8 @@ class Prefix2QPolicy(EvictionPolicy):
 
     def _adapt(self, ghost: _Ghost, evictions_since: int) -> None:
         """ARC's adaptation of the probation share, on a key back from the ghost list."""
+        if not self._on[Mechanism.ADAPTIVE_SHARE]:
+            return
         unread, read = (max(n, 1) for n in self._ghost.counts)
         step = 1 / max(len(self), 1)
         if not ghost.was_read and evictions_since < len(self._protected):
@@ -534,6 +561,8 @@ class Prefix2QPolicy(EvictionPolicy):
 
     def _balance(self) -> None:
         """Moves protected's least recent blocks beyond its share to probation's young end."""
+        if not self._on[Mechanism.SECOND_CHANCES]:
+            return
         while len(self._protected) > (1 - self._probation_share) * len(self):
             key, _ = self._protected.popitem(last=False)
             self._enter_probation(key)
