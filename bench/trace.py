@@ -17,7 +17,14 @@ from bench import trace_ablation, trace_sim
 from bench.options import extra_of
 from bench.report import Row, progress_bar, pyplot
 from bench.suites import SuiteOptions
-from bench.trace_file import DEFAULT_TRACE, WEIGHTINGS, Request, hit_ratio, load_trace
+from bench.trace_file import (
+    DEFAULT_TRACE,
+    WEIGHTINGS,
+    Request,
+    hit_ratio,
+    load_trace,
+    sweep_capacities,
+)
 from bench.trace_replay import ReplayConfig, ReplayResult, replay
 from kvstore.policy import POLICIES
 
@@ -141,14 +148,6 @@ def run(options: SuiteOptions) -> list[Row]:
         for config in configs:
             rows.append(_row(s, requests, replay(requests, config, advance), config, refs))
     return rows
-
-
-def sweep_capacities(requests: Sequence[Request], fractions: Sequence[float]) -> list[int]:
-    """Capacities at `fractions` of the distinct blocks of `requests`, each at least the
-    longest request (a request's blocks must fit at once), ascending, without repeats."""
-    distinct = len({h for req in requests for h in req.hash_ids})
-    longest = max(len(req.hash_ids) for req in requests)
-    return sorted({max(longest, round(f * distinct)) for f in fractions})
 
 
 def _sweep(

@@ -1,16 +1,17 @@
 """`kvstore-bench trace --ablation`: what each mechanism of prefix-2q gains.
 
-For every mechanism, the policy with it on (every mechanism on) against the policy with it
-off (every other one still on), as a ratio of hit ratios; for "2q" itself, the policy
-against prefix-lru. Measured on three trace families, each at several capacities:
+For every mechanism (`WITHOUT`), the policy with it on (`Prefix2QPolicy()`) against the
+policy with it off, as a ratio of hit ratios. 2Q itself is the one mechanism left, off
+being prefix-lru; a new mechanism gets a switch in `Prefix2QPolicy` and a line here.
+Measured on three trace families, each at several capacities:
 
 - mooncake: the shared trace, its first half and its second half;
 - conversation and agent: traces of `bench.trace_gen`, two seeds each.
 
 Per mechanism and family, the geometric mean and the minimum of the ratio over the
-family's traces and capacities. A mechanism is worth keeping (`KEEP_GAIN`, `KEEP_LOSS`)
-when it gains at least 1% (geometric mean) on more than one family and loses more than 1%
-on no trace at any capacity.
+family's traces and capacities. A mechanism is worth keeping (`is_worth_keeping`) when it
+gains at least 1% (geometric mean) on more than one family and loses more than 1% on no
+trace at any capacity.
 
 The policies run in the in-process simulator (`trace_sim.simulate_instance`), which the
 trace tests check equals a store replay block for block; jobs run in `workers` processes.
@@ -23,15 +24,17 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import NamedTuple
 
 from bench import trace_sim
 from bench.report import Row, progress_bar
-from bench.trace_file import Request, hit_ratio, load_trace
+from bench.trace_file import Request, hit_ratio, load_trace, sweep_capacities
 from bench.trace_gen import generate
-from kvstore.policy import EvictionPolicy, Mechanism, Prefix2QPolicy, PrefixLRUPolicy
+from kvstore.policy import EvictionPolicy, Prefix2QPolicy, PrefixLRUPolicy
 
-BASE = "2q"  # the policy itself, against prefix-lru
+# Each mechanism measured -> the policy without it.
+WITHOUT: Mapping[str, Callable[[], EvictionPolicy]] = MappingProxyType({"2q": PrefixLRUPolicy})
 FRACTIONS = (0.05, 0.1, 0.2)  # capacities, as fractions of a trace's distinct blocks
 QUICK_FRACTIONS = (0.1, 0.2)
 GENERATED = {"conversation": 1000, "agent": 400}  # sessions per generated trace
@@ -72,16 +75,13 @@ def traces(shared: Path, quick: bool) -> list[Trace]:
 
 
 def variants() -> list[str]:
-    """The mechanisms measured: the policy itself, then each of its switches."""
-    return [BASE, *(m.value for m in Mechanism)]
+    """The mechanisms measured."""
+    return list(WITHOUT)
 
 
 def make_variant(variant: str) -> EvictionPolicy:
-    """The full policy (""), prefix-lru (`BASE`), or the policy without one mechanism."""
-    if variant == BASE:
-        return PrefixLRUPolicy()
-    every = frozenset(Mechanism)
-    return Prefix2QPolicy(every - {Mechanism(variant)} if variant else every)
+    """The policy ("") or the policy without one mechanism."""
+    return WITHOUT[variant]() if variant else Prefix2QPolicy()
 
 
 def _simulate(requests: Sequence[Request], capacity: int, variant: str, weighting: str) -> float:
@@ -92,15 +92,9 @@ def _simulate(requests: Sequence[Request], capacity: int, variant: str, weightin
 def _jobs(all_traces: Sequence[Trace], fractions: Sequence[float]) -> list[Job]:
     jobs = []
     for i, trace in enumerate(all_traces):
-        for capacity in _capacities(trace.requests, fractions):
+        for capacity in sweep_capacities(trace.requests, fractions):
             jobs += [Job(i, capacity, v) for v in ["", *variants()]]
     return jobs
-
-
-def _capacities(requests: Sequence[Request], fractions: Sequence[float]) -> list[int]:
-    distinct = len({h for req in requests for h in req.hash_ids})
-    longest = max(len(req.hash_ids) for req in requests)
-    return sorted({max(longest, round(f * distinct)) for f in fractions})
 
 
 def _run_jobs(
@@ -148,6 +142,8 @@ def _ratios(all_traces: Sequence[Trace], results: Mapping[Job, float]) -> dict[s
 
 
 def _geomean(values: Sequence[float]) -> float:
+    if min(values) <= 0:  # a policy that hit nothing where the other hit something
+        return 0.0
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 

@@ -109,3 +109,11 @@ def hit_ratio(requests: Sequence[Request], num_hit: Sequence[int], weighting: st
         hit += cum[k]
         total += cum[-1]
     return hit / total if total else 0.0
+
+
+def sweep_capacities(requests: Sequence[Request], fractions: Sequence[float]) -> list[int]:
+    """Capacities at `fractions` of the distinct blocks of `requests`, each at least the
+    longest request (a request's blocks must fit at once), ascending, without repeats."""
+    distinct = len({h for req in requests for h in req.hash_ids})
+    longest = max(len(req.hash_ids) for req in requests)
+    return sorted({max(longest, round(f * distinct)) for f in fractions})

@@ -1,0 +1,27 @@
+"""The ghost list: evicted keys, oldest first, bounded at each add."""
+
+from __future__ import annotations
+
+from kvstore.policy.ghost_list import GhostList
+
+
+def test_remembers_the_most_recent_keys_up_to_the_limit() -> None:
+    ghost = GhostList()
+    for i in range(5):
+        ghost.add(bytes([i]), limit=3)
+    assert len(ghost) == 3
+    assert [bytes([i]) in ghost for i in range(5)] == [False, False, True, True, True]
+
+
+def test_pop_forgets_and_says_whether_it_remembered() -> None:
+    ghost = GhostList()
+    ghost.add(b"a", limit=2)
+    assert ghost.pop(b"a") is True
+    assert ghost.pop(b"a") is False and len(ghost) == 0
+
+
+def test_adding_a_remembered_key_again_makes_it_the_newest() -> None:
+    ghost = GhostList()
+    for key in (b"a", b"b", b"a", b"c"):
+        ghost.add(key, limit=2)
+    assert (b"a" in ghost, b"b" in ghost, b"c" in ghost) == (True, False, True)
