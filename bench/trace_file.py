@@ -16,7 +16,9 @@ from types import MappingProxyType
 from typing import NamedTuple
 
 BLOCK_TOKENS = 512
-DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared/traces/mooncake_synthetic_trace.jsonl"
+DEFAULT_TRACE = (
+    Path(__file__).resolve().parent / "traces/mooncake_synthetic_trace.jsonl"
+)  # see its README
 
 
 class Request(NamedTuple):
