@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
+from rich import box
 from rich.console import Console
 from rich.progress import track
 from rich.table import Table
@@ -62,7 +63,7 @@ def _prompts(config: DemoConfig) -> list[tuple[str, list[int]]]:
     for r in range(config.num_rounds):
         for u in range(config.num_users):
             history[u] += rng.integers(0, 32000, config.question_len).tolist()
-            prompts.append((f"user{u}/round{r}", list(history[u])))
+            prompts.append((f"u{u}/r{r}", list(history[u])))
             history[u] += rng.integers(0, 32000, config.answer_len).tolist()
     return prompts
 
@@ -117,21 +118,24 @@ def run_demo(address: str, config: DemoConfig, console: Console) -> list[Request
     loaded = sum(r.bytes_loaded for r in reports)
     load_s = sum(r.load_ms for r in reports) / 1e3
     console.print(
-        f"hit blocks {hit_blocks}/{total_blocks} ({hit_blocks / total_blocks:.1%}), "
+        f"hit blocks {hit_blocks}/{total_blocks} ({hit_blocks / total_blocks:.1%}); "
         f"loaded {loaded / 2**20:.1f} MiB in {load_s * 1e3:.1f} ms "
-        f"({loaded / max(load_s, 1e-9) / 1e9:.2f} GB/s over {transport}), "
+        f"({loaded / max(load_s, 1e-9) / 1e9:.2f} GB/s over {transport})\n"
         f"stored {sum(r.bytes_stored for r in reports) / 2**20:.1f} MiB; "
-        f"store holds {stats.num_blocks} blocks, {stats.evictions} evictions; "
+        f"store holds {stats.num_blocks} blocks, {stats.evictions} evictions\n"
         f"all loaded blocks intact: {all(r.is_intact for r in reports)}"
     )
     return reports
 
 
 def _table(reports: list[RequestReport]) -> Table:
-    table = Table(title=f"prefix reuse, {DEMO_NAMESPACE.block_bytes // 1024} KiB blocks")
-    for col in ("request", "tokens", "blocks", "hits", "loaded MiB", "stored MiB"):
+    """Fits an 80-column terminal: short headers, no vertical rules."""
+    kib = DEMO_NAMESPACE.block_bytes // 1024
+    title = f"prefix reuse, {kib} KiB blocks, times in ms"
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for col in ("request", "tokens", "blocks", "hits", "in MiB", "out MiB"):
         table.add_column(col, justify="right")
-    for col in ("match ms", "load ms", "store ms", "intact"):
+    for col in ("match", "load", "put", "intact"):
         table.add_column(col, justify="right")
     for r in reports:
         table.add_row(
@@ -141,9 +145,9 @@ def _table(reports: list[RequestReport]) -> Table:
             str(r.num_hit_blocks),
             f"{r.bytes_loaded / 2**20:.1f}",
             f"{r.bytes_stored / 2**20:.1f}",
-            f"{r.match_ms:.2f}",
-            f"{r.load_ms:.2f}",
-            f"{r.store_ms:.2f}",
+            f"{r.match_ms:.1f}",
+            f"{r.load_ms:.1f}",
+            f"{r.store_ms:.1f}",
             "yes" if r.is_intact else "NO",
         )
     return table
