@@ -56,6 +56,7 @@ class TierUsage(NamedTuple):
     hits: int = 0  # reads served from this tier
     bytes_read: int = 0  # bytes read out of this tier (hits, promotions)
     bytes_written: int = 0  # bytes written into this tier (puts, demotions, promotions)
+    hit_tokens: int = 0  # tokens of the reads served from this tier
 
 
 class StoreStats(NamedTuple):
@@ -65,11 +66,16 @@ class StoreStats(NamedTuple):
     num_leases: int
     hits: int
     misses: int
-    evictions: int
+    miss_tokens: int  # tokens of the blocks asked for and not held
+    evictions: int  # blocks that left DRAM to make room (demoted or dropped)
+    demotions: int  # DRAM -> SSD copies
+    promotions: int  # SSD -> DRAM copies on read
+    drops: int  # blocks that left the store to make room
     blocks_committed: int
     bytes_written: int
     bytes_read: int
     checksum_failures: int
+    ssd_write_failures: int  # SSD transactions that failed (and changed nothing)
     expired_reservations: int
     expired_leases: int
     tiers: tuple[TierUsage, ...]

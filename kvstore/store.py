@@ -126,9 +126,11 @@ class Store:
             self._check_keys(namespace_id, keys)
             self._leases.check_limit(owner)
             entries = [self._index.readable(namespace_id, key) for key in keys]
-            views, hits = self._tiering.read(entries, device)
+            block_tokens = self._namespaces.get(namespace_id).layout.block_tokens
+            views, hits = self._tiering.read(entries, device, block_tokens)
             self._counters.hits += len(hits)
             self._counters.misses += len(keys) - len(hits)
+            self._counters.miss_tokens += (len(keys) - len(hits)) * block_tokens
             self._counters.bytes_read += sum(e.nbytes for e in hits)
             expires_at = self.clock() + self.config.lease_timeout_s
             return self._leases.open(next(self._ids), hits, views, expires_at, owner)

@@ -13,6 +13,7 @@ from kvstore.tiering import TieringCounters
 class StoreCounters:
     hits: int = 0
     misses: int = 0
+    miss_tokens: int = 0
     blocks_committed: int = 0
     bytes_written: int = 0
     bytes_read: int = 0
@@ -31,11 +32,16 @@ class StoreCounters:
             num_leases=num_leases,
             hits=self.hits,
             misses=self.misses,
+            miss_tokens=self.miss_tokens,
             evictions=t.evictions,
+            demotions=t.demotions,
+            promotions=t.promotions,
+            drops=t.drops,
             blocks_committed=self.blocks_committed,
             bytes_written=self.bytes_written,
             bytes_read=self.bytes_read,
             checksum_failures=t.checksum_failures,
+            ssd_write_failures=t.ssd_write_failures,
             expired_reservations=self.expired_reservations,
             expired_leases=self.expired_leases,
             tiers=tiers,

@@ -50,6 +50,7 @@ def test_put_get_roundtrip_identical_bytes(client):
     assert client.put_chain(NS.id, keys, blocks) == (0, 8, 0)
     stats = client.stats()
     assert (stats.num_blocks, stats.hits, stats.misses) == (8, 8, 1)
+    assert (stats.miss_tokens, stats.tiers[0].hit_tokens) == (NS.block_tokens, 8 * NS.block_tokens)
 
 
 def test_two_phase_put_over_the_wire(client):

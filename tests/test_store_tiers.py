@@ -82,6 +82,19 @@ def test_ssd_hit_is_promoted_and_keeps_its_ssd_copy(store):
     assert store.match(NS.id, keys).tiers[6:] == ("dram", "dram")
     ssd = _tier(store, "ssd")
     assert (ssd.hits, ssd.bytes_read, ssd.num_blocks) == (2, 2 * BLOCK, 2)
+    stats = store.stats()
+    assert (stats.demotions, stats.promotions, stats.drops) == (2, 2, 0)
+
+
+def test_reads_count_hit_tokens_per_tier_and_miss_tokens(store):
+    keys = _chain(8)
+    _put(store, keys)  # 6 in DRAM, the last 2 on SSD
+    assert (
+        store.read(NS.id, [*keys, *_chain(3, seed=7)]) == [_payload(k) for k in keys] + [None] * 3
+    )
+    dram, ssd = _tier(store, "dram"), _tier(store, "ssd")
+    assert (dram.hit_tokens, ssd.hit_tokens) == (6 * NS.block_tokens, 2 * NS.block_tokens)
+    assert (store.stats().misses, store.stats().miss_tokens) == (3, 3 * NS.block_tokens)
 
 
 def test_store_holds_more_than_dram(store):

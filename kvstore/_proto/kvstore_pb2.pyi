@@ -190,7 +190,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TierUsage(_message.Message):
-    __slots__ = ("tier", "capacity_bytes", "used_bytes", "num_blocks", "hits", "bytes_read", "bytes_written")
+    __slots__ = ("tier", "capacity_bytes", "used_bytes", "num_blocks", "hits", "bytes_read", "bytes_written", "hit_tokens")
     TIER_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
     USED_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -198,6 +198,7 @@ class TierUsage(_message.Message):
     HITS_FIELD_NUMBER: _ClassVar[int]
     BYTES_READ_FIELD_NUMBER: _ClassVar[int]
     BYTES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     tier: Tier
     capacity_bytes: int
     used_bytes: int
@@ -205,10 +206,11 @@ class TierUsage(_message.Message):
     hits: int
     bytes_read: int
     bytes_written: int
-    def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., num_blocks: _Optional[int] = ..., hits: _Optional[int] = ..., bytes_read: _Optional[int] = ..., bytes_written: _Optional[int] = ...) -> None: ...
+    hit_tokens: int
+    def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., num_blocks: _Optional[int] = ..., hits: _Optional[int] = ..., bytes_read: _Optional[int] = ..., bytes_written: _Optional[int] = ..., hit_tokens: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("num_blocks", "num_namespaces", "num_reservations", "num_leases", "hits", "misses", "evictions", "blocks_committed", "bytes_written", "bytes_read", "checksum_failures", "expired_reservations", "expired_leases", "tiers")
+    __slots__ = ("num_blocks", "num_namespaces", "num_reservations", "num_leases", "hits", "misses", "evictions", "blocks_committed", "bytes_written", "bytes_read", "checksum_failures", "expired_reservations", "expired_leases", "tiers", "miss_tokens", "demotions", "promotions", "drops", "ssd_write_failures")
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NUM_NAMESPACES_FIELD_NUMBER: _ClassVar[int]
     NUM_RESERVATIONS_FIELD_NUMBER: _ClassVar[int]
@@ -223,6 +225,11 @@ class StatsResponse(_message.Message):
     EXPIRED_RESERVATIONS_FIELD_NUMBER: _ClassVar[int]
     EXPIRED_LEASES_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
+    MISS_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DEMOTIONS_FIELD_NUMBER: _ClassVar[int]
+    PROMOTIONS_FIELD_NUMBER: _ClassVar[int]
+    DROPS_FIELD_NUMBER: _ClassVar[int]
+    SSD_WRITE_FAILURES_FIELD_NUMBER: _ClassVar[int]
     num_blocks: int
     num_namespaces: int
     num_reservations: int
@@ -237,7 +244,12 @@ class StatsResponse(_message.Message):
     expired_reservations: int
     expired_leases: int
     tiers: _containers.RepeatedCompositeFieldContainer[TierUsage]
-    def __init__(self, num_blocks: _Optional[int] = ..., num_namespaces: _Optional[int] = ..., num_reservations: _Optional[int] = ..., num_leases: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ..., blocks_committed: _Optional[int] = ..., bytes_written: _Optional[int] = ..., bytes_read: _Optional[int] = ..., checksum_failures: _Optional[int] = ..., expired_reservations: _Optional[int] = ..., expired_leases: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierUsage, _Mapping]]] = ...) -> None: ...
+    miss_tokens: int
+    demotions: int
+    promotions: int
+    drops: int
+    ssd_write_failures: int
+    def __init__(self, num_blocks: _Optional[int] = ..., num_namespaces: _Optional[int] = ..., num_reservations: _Optional[int] = ..., num_leases: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ..., blocks_committed: _Optional[int] = ..., bytes_written: _Optional[int] = ..., bytes_read: _Optional[int] = ..., checksum_failures: _Optional[int] = ..., expired_reservations: _Optional[int] = ..., expired_leases: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierUsage, _Mapping]]] = ..., miss_tokens: _Optional[int] = ..., demotions: _Optional[int] = ..., promotions: _Optional[int] = ..., drops: _Optional[int] = ..., ssd_write_failures: _Optional[int] = ...) -> None: ...
 
 class DataPlaneInfoRequest(_message.Message):
     __slots__ = ("transport", "client_address")

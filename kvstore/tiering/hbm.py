@@ -53,9 +53,7 @@ class HbmCache:
         """The device copy of a block, or None when it has none."""
         if entry.hbm_slot is None:
             return None
-        self.counters.hits += 1
-        self.counters.bytes_read += entry.nbytes
-        return self.tier.view(entry.hbm_slot)
+        return self.tier.view(entry.hbm_slot)  # counted as a hit by the read that asked
 
     def admit_read(self, entries: Sequence[Entry], views: Sequence[Any]) -> int:
         """Gives the blocks a device reader just read from DRAM a device copy; `views[i]` is

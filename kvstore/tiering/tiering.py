@@ -109,10 +109,11 @@ class Tiering:
             self.hbm.touch(entries)
 
     def read(
-        self, entries: Sequence[Entry | None], device: bool = False
+        self, entries: Sequence[Entry | None], device: bool = False, block_tokens: int = 0
     ) -> tuple[list[Any], list[Entry]]:
         """Views of committed `entries` (None for a miss), and the entries read, each now
-        leased once more (`end_lease` ends it); records the hits with every policy.
+        leased once more (`end_lease` ends it); records the hits with every policy, and in
+        the counters of the tier each was served from (`block_tokens` tokens each).
 
         A block whose bytes fail their checksum is dropped and reads as a miss. `device`: the
         reader takes device memory, so blocks with a device copy (HBM) are served from it,
@@ -124,7 +125,7 @@ class Tiering:
         views: list[Any] = []
         hits = []
         for entry in entries:
-            view = None if entry is None else self._load(entry, device)
+            view = None if entry is None else self._load(entry, device, block_tokens)
             if entry is not None and view is None:
                 self.end_lease(entry)  # failed its checksum: now dropped
             elif entry is not None:
@@ -135,18 +136,21 @@ class Tiering:
             self.hbm.admit_read(hits, [v for v in views if v is not None])
         return views, hits
 
-    def _load(self, entry: Entry, device: bool) -> Any | None:
+    def _load(self, entry: Entry, device: bool, block_tokens: int) -> Any | None:
         """A view of a committed block: its device copy when `device` asks for one and it
         has one, else a DRAM view, promoting it from SSD if needed; None, after dropping the
         block, when its bytes fail their checksum."""
         if device and self.hbm is not None and (view := self.hbm.view(entry)) is not None:
-            return view
-        counters = self.counters.tiers["dram" if entry.slot is not None else "ssd"]
-        view = self._dram_view(entry) if entry.slot is not None else self._promote(entry)
+            tier = "hbm"
+        else:
+            tier = "dram" if entry.slot is not None else "ssd"
+            view = self._dram_view(entry) if entry.slot is not None else self._promote(entry)
         if view is None:
             self._corrupted(entry)
             return None
+        counters = self.counters.tiers[tier]
         counters.hits += 1
+        counters.hit_tokens += block_tokens
         counters.bytes_read += entry.nbytes
         return view
 

@@ -15,6 +15,7 @@ class TierCounters:
     hits: int = 0
     bytes_read: int = 0
     bytes_written: int = 0
+    hit_tokens: int = 0
 
 
 @dataclass
@@ -48,6 +49,7 @@ def usage(tiers: Sequence[Tier], counters: TieringCounters) -> tuple[TierUsage, 
                 c.hits,
                 c.bytes_read,
                 c.bytes_written,
+                c.hit_tokens,
             )
         )
     return tuple(out)
