@@ -6,11 +6,15 @@ does not parse as its message (in a stream, any one of them) decodes to a `Malfo
 marker instead of raising inside grpc, where it would end the call as UNKNOWN with a
 traceback in the log. The handler turns the marker into `InvalidArgumentError`:
 INVALID_ARGUMENT, one log line.
+
+With `CallMetrics`, every call of every method is timed, the bytes of its messages counted,
+and the error class it ended with (the trailing metadata `abort` sets) recorded, in one place.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, NamedTuple
 
@@ -19,6 +23,7 @@ from google.protobuf.message import DecodeError
 
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.errors import ERROR_METADATA_KEY, InvalidArgumentError, KVStoreError
+from kvstore.metrics import CallMetrics
 
 log = logging.getLogger("kvstore.server")
 SERVICE = pb.DESCRIPTOR.services_by_name["KVStore"]
@@ -38,32 +43,92 @@ async def abort(context: grpc.aio.ServicerContext, exc: KVStoreError) -> None:
 
 
 def register(
-    server: grpc.aio.Server, servicer: Any, service: Any = SERVICE, messages: Any = pb
+    server: grpc.aio.Server,
+    servicer: Any,
+    service: Any = SERVICE,
+    messages: Any = pb,
+    metrics: CallMetrics | None = None,
 ) -> None:
     """Serves `servicer`'s methods (one per RPC of `service`, by name) on `server`;
-    `messages` is the generated module that holds the service's message classes."""
-    handlers = {m.name: _handler(m, servicer, messages) for m in service.methods}
+    `messages` is the generated module that holds the service's message classes; `metrics`
+    records every call."""
+    handlers = {m.name: _handler(m, servicer, messages, metrics) for m in service.methods}
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(service.full_name, handlers),)
     )
     server.add_registered_method_handlers(service.full_name, handlers)
 
 
-def _handler(method: Any, servicer: Any, messages: Any) -> grpc.RpcMethodHandler:
+def _handler(
+    method: Any, servicer: Any, messages: Any, metrics: CallMetrics | None
+) -> grpc.RpcMethodHandler:
     request_cls = getattr(messages, method.input_type.name)
     response_cls = getattr(messages, method.output_type.name)
     behavior = getattr(servicer, method.name)
+    decode, encode = _decoder(request_cls), response_cls.SerializeToString
     kinds = {
         (False, False): (grpc.unary_unary_rpc_method_handler, _checked_unary),
         (False, True): (grpc.unary_stream_rpc_method_handler, _checked_unary_stream),
         (True, False): (grpc.stream_unary_rpc_method_handler, _checked_stream),
     }
     make_handler, check = kinds[(method.client_streaming, method.server_streaming)]
+    handle = check(method.name, behavior)
+    if metrics is not None:  # outermost: malformed requests are calls too
+        handle = _timed(method.name, handle, metrics, method.server_streaming)
+        decode, encode = _counted(method.name, decode, encode, metrics)
     return make_handler(
-        check(method.name, behavior),
-        request_deserializer=_decoder(request_cls),
-        response_serializer=response_cls.SerializeToString,
+        handle,
+        request_deserializer=decode,
+        response_serializer=encode,
     )
+
+
+def _counted(
+    name: str, decode: Callable[[bytes], Any], encode: Callable[[Any], bytes], m: CallMetrics
+) -> tuple[Callable[[bytes], Any], Callable[[Any], bytes]]:
+    def counted_decode(data: bytes) -> Any:
+        m.moved("grpc", name, len(data), 0)
+        return decode(data)
+
+    def counted_encode(message: Any) -> bytes:
+        data = encode(message)
+        m.moved("grpc", name, 0, len(data))
+        return data
+
+    return counted_decode, counted_encode
+
+
+def _error_class(context: grpc.aio.ServicerContext) -> str | None:
+    """The class name `abort` left in the trailing metadata; "Cancelled" or the status name
+    for a call that ended otherwise than well."""
+    for key, value in context.trailing_metadata() or ():
+        if key == ERROR_METADATA_KEY:
+            return str(value)
+    if context.cancelled():
+        return "Cancelled"
+    code = context.code()
+    return None if code in (None, grpc.StatusCode.OK) else str(code.name)
+
+
+def _timed(
+    name: str, behavior: Callable[..., Any], m: CallMetrics, is_stream: bool
+) -> Callable[..., Any]:
+    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        start = time.perf_counter()
+        try:
+            return await behavior(request, context)
+        finally:
+            m.observe("grpc", name, time.perf_counter() - start, _error_class(context))
+
+    async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        start = time.perf_counter()
+        try:
+            async for response in behavior(request, context):
+                yield response
+        finally:
+            m.observe("grpc", name, time.perf_counter() - start, _error_class(context))
+
+    return stream if is_stream else unary
 
 
 def _decoder(message_cls: Any) -> Callable[[bytes], Any]:

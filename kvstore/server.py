@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2
+from prometheus_client import CollectorRegistry
 
 from kvstore import grpc_service, wire
 from kvstore._proto import kvstore_pb2 as pb
@@ -30,6 +31,7 @@ from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.config import option, parse_bytes
 from kvstore.dataplane.base import DataPlaneServer
 from kvstore.errors import InvalidArgumentError, KVStoreError, UnavailableError
+from kvstore.metrics import CallMetrics, MetricsExporter, StoreCollector
 from kvstore.store import Clock, Store, StoreConfig
 
 log = logging.getLogger("kvstore.server")
@@ -61,10 +63,12 @@ class ServerConfig:
     dataplane_idle_timeout_s: float = option(
         300.0, "a data-plane connection silent this long is dropped (clients ping every 30 s)"
     )
+    metrics_port: int = option(0, "port of the Prometheus /metrics endpoint on --host (0: off)")
 
     def __post_init__(self) -> None:
-        if not 0 <= self.port < 65536:
-            raise InvalidArgumentError(f"port out of range: {self.port}")
+        for name in ("port", "metrics_port"):
+            if not 0 <= getattr(self, name) < 65536:
+                raise InvalidArgumentError(f"{name} out of range: {getattr(self, name)}")
         if self.dataplane not in ("auto", "ucx", "none"):
             raise InvalidArgumentError(f"dataplane must be auto, ucx or none: {self.dataplane!r}")
         if self.transfer_timeout_s <= 0:
@@ -242,13 +246,27 @@ async def _expire_forever(store: Store, interval_s: float) -> None:
         store.expire()
 
 
+def start_metrics(store: Store, config: ServerConfig) -> tuple[CallMetrics, MetricsExporter] | None:
+    """The node's call metrics and its started /metrics endpoint; None with metrics off."""
+    if not config.metrics_port:
+        return None
+    registry = CollectorRegistry()
+    registry.register(StoreCollector(store.stats))
+    return CallMetrics(registry), MetricsExporter(
+        registry, config.host, config.metrics_port
+    ).start()
+
+
 async def start_server(
-    store: Store, config: ServerConfig, dataplane: DataPlaneServer | None = None
+    store: Store,
+    config: ServerConfig,
+    dataplane: DataPlaneServer | None = None,
+    metrics: CallMetrics | None = None,
 ) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
     """Starts the service for `store`; returns the server, its health servicer and port."""
     server = grpc.aio.server(options=config.grpc_options)
     servicer = KVStoreServicer(store, config.chunk_bytes, dataplane)
-    grpc_service.register(server, servicer)  # malformed requests: INVALID_ARGUMENT
+    grpc_service.register(server, servicer, metrics=metrics)  # malformed: INVALID_ARGUMENT
     health_servicer = health.aio.HealthServicer()
     health_service = health_pb2.DESCRIPTOR.services_by_name["Health"]
     grpc_service.register(server, health_servicer, health_service, health_pb2)
@@ -263,7 +281,9 @@ async def serve(store_config: StoreConfig, config: ServerConfig) -> None:
     """Runs a store node until SIGTERM or SIGINT, then drains in-flight calls and exits."""
     store = Store(store_config)
     dataplane = make_dataplane(store, config)
-    server, health_servicer, port = await start_server(store, config, dataplane)
+    metrics = start_metrics(store, config)
+    call_metrics = metrics[0] if metrics else None
+    server, health_servicer, port = await start_server(store, config, dataplane, call_metrics)
     log.info(
         "event=serving address=%s:%d dram_bytes=%d policy=%s",
         config.host,
@@ -282,6 +302,8 @@ async def serve(store_config: StoreConfig, config: ServerConfig) -> None:
     await server.stop(config.grace_s)
     if dataplane is not None:
         dataplane.stop()
+    if metrics is not None:
+        metrics[1].stop()
     expirer.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await expirer
@@ -312,17 +334,25 @@ class EmbeddedServer:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: grpc.aio.Server | None = None
         self._dataplane: DataPlaneServer | None = None
+        self._metrics: tuple[CallMetrics, MetricsExporter] | None = None
         self.port = 0
 
     @property
     def address(self) -> str:
         return f"{self.config.host}:{self.port}"
 
+    @property
+    def metrics_port(self) -> int:
+        """The port of /metrics (`ServerConfig.metrics_port`, resolved); 0 with metrics off."""
+        return self._metrics[1].port if self._metrics else 0
+
     def start(self) -> EmbeddedServer:
         self._thread.start()
         self._dataplane = make_dataplane(self.store, self.config)
+        self._metrics = start_metrics(self.store, self.config)
+        call_metrics = self._metrics[0] if self._metrics else None
         started = asyncio.run_coroutine_threadsafe(
-            start_server(self.store, self.config, self._dataplane), self._loop
+            start_server(self.store, self.config, self._dataplane, call_metrics), self._loop
         )
         self._server, _, self.port = started.result()
         return self
@@ -334,6 +364,9 @@ class EmbeddedServer:
         if self._dataplane is not None:
             self._dataplane.stop()
             self._dataplane = None
+        if self._metrics is not None:
+            self._metrics[1].stop()
+            self._metrics = None
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()

@@ -1,0 +1,119 @@
+"""Prometheus metrics: a real `kvstore serve --metrics-port` scraped after a known workload."""
+
+from __future__ import annotations
+
+import urllib.request
+
+import grpc
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvstore import errors
+from kvstore.client import Client
+from kvstore.keys import KVLayout, Namespace, block_keys
+from kvstore.metrics import StoreCollector
+from kvstore.store import Store, StoreConfig
+from tests.conftest import free_port
+
+NS = Namespace("metrics-model", KVLayout("float16", 4, 2, 64, 16))  # 32 KiB blocks
+UNKNOWN_NS = Namespace("never-registered", KVLayout("float16", 4, 2, 64, 16))
+
+
+def _chain(n: int, seed: int = 0) -> list[bytes]:
+    return block_keys(NS, np.arange(n * NS.block_tokens) + seed * 1_000_000)
+
+
+def _blocks(keys: list[bytes]) -> list[np.ndarray]:
+    return [np.full(NS.block_bytes, i, np.uint8) for i in range(len(keys))]
+
+
+def _scrape(port: int) -> dict[tuple[str, frozenset], float]:
+    """Every sample of /metrics, by name and labels."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        assert reply.status == 200
+        text = reply.read().decode()
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def _value(samples: dict, name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+@pytest.fixture
+def served(store_factory):
+    """A store on gRPC only (its bytes are the gRPC plane's), metrics on a free port."""
+    port = free_port()
+    store = store_factory(
+        "--dram-bytes", "64MiB", "--dataplane", "none", "--metrics-port", str(port)
+    )
+    return store, port
+
+
+def test_a_scrape_counts_what_the_workload_did(served):
+    store, port = served
+    keys, missing = _chain(8), _chain(2, seed=5)
+    with Client(store.address, timeout_s=10.0) as client:
+        client.register_namespace(NS)
+        assert client.put_chain(NS.id, keys, _blocks(keys)).num_stored == 8
+        assert client.put_chain(NS.id, keys, _blocks(keys)).num_present == 8
+        assert client.get(NS.id, [*keys, *missing]).found == (True,) * 8 + (False,) * 2
+        with pytest.raises(errors.UnknownNamespaceError):
+            client.match(UNKNOWN_NS.id, keys)
+        assert client.remove(NS.id, keys[6:]) == 2
+    with grpc.insecure_channel(store.address) as channel:  # bytes that are no MatchRequest
+        match = channel.unary_unary("/kvstore.v1.KVStore/Match")
+        with pytest.raises(grpc.RpcError):
+            match(b"\xff\xff\xff", timeout=10)
+    m = _scrape(port)
+    block_tokens = NS.block_tokens
+    assert _value(m, "kvstore_committed_blocks_total") == 8
+    assert _value(m, "kvstore_committed_bytes_total") == 8 * NS.block_bytes
+    assert _value(m, "kvstore_hit_blocks_total", tier="dram") == 8
+    assert _value(m, "kvstore_hit_tokens_total", tier="dram") == 8 * block_tokens
+    assert _value(m, "kvstore_miss_blocks_total") == 2
+    assert _value(m, "kvstore_miss_tokens_total") == 2 * block_tokens
+    assert _value(m, "kvstore_blocks") == 6
+    assert _value(m, "kvstore_tier_blocks", tier="dram") == 6
+    assert _value(m, "kvstore_tier_capacity_bytes", tier="dram") == 64 << 20
+    assert _value(m, "kvstore_reservations") == _value(m, "kvstore_leases") == 0
+    rejected = "kvstore_rejected_requests_total"
+    assert _value(m, rejected, plane="grpc", method="Match", error="UnknownNamespaceError") == 1
+    assert _value(m, rejected, plane="grpc", method="Match", error="InvalidArgumentError") == 1
+    assert _value(m, rejected, plane="grpc", method="Get", error="UnknownNamespaceError") == 0
+    calls = "kvstore_request_duration_seconds_count"
+    assert _value(m, calls, plane="grpc", method="Get") == 1
+    assert _value(m, calls, plane="grpc", method="Match") == 2
+    assert _value(m, calls, plane="grpc", method="Remove") == 1
+    sent = _value(m, "kvstore_sent_bytes_total", plane="grpc", method="Get")
+    assert 8 * NS.block_bytes < sent < 8 * NS.block_bytes + 4096  # the blocks, and framing
+    received = _value(m, "kvstore_received_bytes_total", plane="grpc", method="Write")
+    assert 8 * NS.block_bytes < received < 8 * NS.block_bytes + 4096  # written once: dedup
+
+
+def test_metrics_are_off_unless_asked_for(store_factory):
+    store = store_factory("--dram-bytes", "16MiB")
+    assert "event=metrics_on" not in store.log()
+
+
+def test_the_collector_reads_one_stats_snapshot_per_scrape():
+    with Store(StoreConfig(dram_bytes=16 * NS.block_bytes, slab_bytes=4 * NS.block_bytes)) as st:
+        st.register_namespace(NS)
+        keys = _chain(3)
+        res = st.reserve(NS.id, keys)
+        for i, block in enumerate(_blocks(keys)):
+            st.write(res.reservation_id, i, 0, block.tobytes())
+        st.commit(res.reservation_id)
+        st.read(NS.id, keys[:2])
+        samples = {
+            (s.name, frozenset(s.labels.items())): s.value
+            for family in StoreCollector(st.stats).collect()
+            for s in family.samples
+        }
+    assert _value(samples, "kvstore_blocks") == 3
+    assert _value(samples, "kvstore_hit_blocks_total", tier="dram") == 2
+    assert _value(samples, "kvstore_tier_used_bytes", tier="dram") == st.stats().tiers[0].used_bytes
