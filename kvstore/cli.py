@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable
 
 from rich.console import Console
@@ -63,6 +65,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
+    if args.watch:
+        return _watch_stats(args)
     with Client(args.address, timeout_s=args.timeout_s) as client:
         stats = client.stats()
     for name, value in stats._asdict().items():
@@ -73,6 +77,25 @@ def _cmd_stats(args: argparse.Namespace) -> int:
             f"tier={tier.name} capacity_bytes={tier.capacity_bytes} "
             f"used_bytes={tier.used_bytes} num_blocks={tier.num_blocks}"
         )
+    return 0
+
+
+def _watch_stats(args: argparse.Namespace) -> int:
+    """Redraws the node's tables every `--interval-s` (`--count` times; 0: until Ctrl-C)."""
+    from rich.console import Group
+    from rich.live import Live
+
+    from kvstore.metrics.stats_table import node_table, tier_table
+
+    with Client(args.address, timeout_s=args.timeout_s) as client:
+        then, then_s = client.stats(), time.monotonic()
+        with Live(auto_refresh=False) as live:
+            for _ in itertools.count() if args.count == 0 else range(args.count):
+                time.sleep(args.interval_s)  # the refresh period the user asked for
+                now, now_s = client.stats(), time.monotonic()
+                tables = (f(now, then, now_s - then_s) for f in (node_table, tier_table))
+                live.update(Group(*tables), refresh=True)
+                then, then_s = now, now_s
     return 0
 
 
@@ -116,11 +139,12 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
 
 def _add_client_command(
     sub: argparse._SubParsersAction, name: str, help: str, func: Callable
-) -> None:
+) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help=help)
     p.add_argument("--address", default="127.0.0.1:50051", help="store node host:port")
     p.add_argument("--timeout-s", type=float, default=10.0)
     p.set_defaults(func=func)
+    return p
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -130,7 +154,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _add_serve(sub)
     _add_engine(sub, with_flags=command == "engine")
     _add_demo(sub)
-    _add_client_command(sub, "stats", "print a store node's counters", _cmd_stats)
+    stats = _add_client_command(sub, "stats", "print a store node's counters", _cmd_stats)
+    stats.add_argument("--watch", action="store_true", help="a live table of tiers and rates")
+    stats.add_argument("--interval-s", type=float, default=1.0, help="--watch refresh period")
+    stats.add_argument("--count", type=int, default=0, help="--watch refreshes (0: forever)")
     _add_client_command(sub, "health", "exit 0 if a store node is serving", _cmd_health)
     return parser
 

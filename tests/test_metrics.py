@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import urllib.request
 
 import grpc
@@ -117,3 +120,20 @@ def test_the_collector_reads_one_stats_snapshot_per_scrape():
     assert _value(samples, "kvstore_blocks") == 3
     assert _value(samples, "kvstore_hit_blocks_total", tier="dram") == 2
     assert _value(samples, "kvstore_tier_used_bytes", tier="dram") == st.stats().tiers[0].used_bytes
+
+
+def test_stats_watch_shows_tiers_and_rates_in_80_columns(store_factory):
+    store = store_factory("--dram-bytes", "64MiB")
+    keys = _chain(4)
+    with Client(store.address, timeout_s=10.0) as client:
+        client.register_namespace(NS)
+        client.put_chain(NS.id, keys, _blocks(keys))
+    cmd = [sys.executable, "-m", "kvstore.cli", "stats", "--address", store.address]
+    cmd += ["--watch", "--count", "2", "--interval-s", "0.1"]
+    env = {**os.environ, "COLUMNS": "80"}
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True, env=env)
+    lines = out.stdout.splitlines()
+    assert max(map(len, lines)) <= 80
+    assert any(line.split()[:1] == ["4"] for line in lines)  # the node row: 4 blocks
+    dram = next(line.split() for line in lines if line.split()[:1] == ["dram"])
+    assert dram[1:3] == [f"{4 * NS.block_bytes / 2**20:.1f}", "64.0"]  # used and capacity MiB
