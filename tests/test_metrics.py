@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 import urllib.request
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -18,6 +21,8 @@ from kvstore.keys import KVLayout, Namespace, block_keys
 from kvstore.metrics import StoreCollector
 from kvstore.store import Store, StoreConfig
 from tests.conftest import free_port
+
+DASHBOARD = Path(__file__).parents[1] / "deploy/grafana/kvstore-dashboard.json"
 
 NS = Namespace("metrics-model", KVLayout("float16", 4, 2, 64, 16))  # 32 KiB blocks
 UNKNOWN_NS = Namespace("never-registered", KVLayout("float16", 4, 2, 64, 16))
@@ -137,3 +142,20 @@ def test_stats_watch_shows_tiers_and_rates_in_80_columns(store_factory):
     assert any(line.split()[:1] == ["4"] for line in lines)  # the node row: 4 blocks
     dram = next(line.split() for line in lines if line.split()[:1] == ["dram"])
     assert dram[1:3] == [f"{4 * NS.block_bytes / 2**20:.1f}", "64.0"]  # used and capacity MiB
+
+
+def test_the_grafana_dashboard_queries_only_what_a_server_exports(served):
+    store, port = served
+    keys = _chain(2)
+    with Client(store.address, timeout_s=10.0) as client:
+        client.register_namespace(NS)
+        client.put_chain(NS.id, keys, _blocks(keys))
+        client.get(NS.id, keys)
+        with pytest.raises(errors.UnknownNamespaceError):
+            client.match(UNKNOWN_NS.id, keys)
+    exported = {name for name, _ in _scrape(port)}
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    queried = {name for expr in exprs for name in re.findall(r"\bkvstore_\w+", expr)}
+    assert len(queried) >= 20
+    assert queried <= exported, queried - exported
