@@ -7,7 +7,13 @@ its local prefix cache and, through a `KVConnector`, from the store.
 from gpu_engine.config import MODEL_PRESETS, EngineConfig, EngineRole, ModelConfig
 from gpu_engine.connector_base import BlockPages, ConnectorRequest, KVConnector, NoopConnector
 from gpu_engine.engine import Engine
-from gpu_engine.errors import BlockSizeError, EngineError, InvalidRequestError, OutOfPagesError
+from gpu_engine.errors import (
+    BlockSizeError,
+    EngineError,
+    InvalidRequestError,
+    OutOfPagesError,
+    PublishError,
+)
 from gpu_engine.kv_cache import KVCache
 from gpu_engine.outputs import RequestMetrics, RequestOutput, Usage
 from gpu_engine.page_pool import PagePool
@@ -30,6 +36,7 @@ __all__ = [
     "NoopConnector",
     "OutOfPagesError",
     "PagePool",
+    "PublishError",
     "RequestMetrics",
     "RequestOutput",
     "RequestStatus",

@@ -92,6 +92,12 @@ class BlockManager:
         self.cache(keys, blocks)
         return (all_keys[first - 1] if first else None), keys, blocks
 
+    def prompt_blocks(self, req: Request) -> tuple[list[bytes], list[BlockPages]]:
+        """(keys, pages) of every full prompt block of `req`, from the first; all computed
+        or loaded once its first token is sampled."""
+        num_blocks = req.num_prompt_tokens // self.block_tokens
+        return self._keys(req, num_blocks), self.blocks(req, 0, num_blocks)
+
     def cache(self, keys: list[bytes], blocks: list[BlockPages]) -> None:
         """Caches held full blocks (block i is `keys[i]` in `blocks[i]`) for reuse."""
         if self.enable_prefix_cache:

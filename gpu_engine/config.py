@@ -85,12 +85,12 @@ MODEL_PRESETS: MappingProxyType[str, ModelConfig] = MappingProxyType(
 
 
 class EngineRole(enum.Enum):
-    """What an engine does with the requests it is given; the scheduler consults it.
+    """What an engine does with the requests it is given (`gpu_engine.role` says how).
 
-    Only BOTH runs today. PREFILL (compute the prompt, publish its blocks, finish after the
-    first token) and DECODE (receive the prompt's blocks, then decode) come with the
-    conductor that hands requests from one to the other; `EngineConfig` refuses them until
-    then, and `gpu_engine.scheduler` names the two decisions they change.
+    BOTH computes the prompt and decodes. PREFILL computes the prompt, samples the first
+    token and finishes the request once the prompt's full blocks are committed in the store.
+    DECODE loads the prompt's full blocks from the store, computes the rest and decodes; a
+    conductor hands each request from a PREFILL engine to a DECODE one.
     """
 
     BOTH = "both"
@@ -98,12 +98,12 @@ class EngineRole(enum.Enum):
     DECODE = "decode"
 
 
-RUNNABLE_ROLES = (EngineRole.BOTH,)
+ROLE_NAMES = tuple(r.value for r in EngineRole)
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """One decode engine: model, KV pages and batching limits."""
+    """One engine: model, KV pages, batching limits and its role."""
 
     model: str = option("tiny", f"model size preset, one of {sorted(MODEL_PRESETS)}")
     model_id: str = option("", "model id in the KV namespace (default: gpu_engine/<model>)")
@@ -116,19 +116,24 @@ class EngineConfig:
     max_num_seqs: int = option(32, "most sequences running at once")
     max_prefill_tokens: int = option(2048, "most prompt tokens computed per step (chunking)")
     enable_prefix_cache: bool = option(True, "reuse full blocks across requests")
-    async_load: bool = option(True, "receive store blocks off the step loop (False: inline)")
+    async_load: bool = option(
+        True, "load (and, as prefill, publish) store blocks off the step loop (False: inline)"
+    )
     seed: int = option(0, "seed of the random weights and of unseeded sampling")
     tenant_salt: str = option("", "tenant salt of the KV namespace, hex")
-    role: str = option("both", "what this engine runs: both (prefill and decode)")
+    role: str = option(
+        "both",
+        f"what this engine runs, one of {list(ROLE_NAMES)}: both, prefill (compute "
+        "and publish the prompt, then finish) or decode (load the prompt, then decode)",
+    )
 
     def __post_init__(self) -> None:
         if self.model not in MODEL_PRESETS:
             raise InvalidArgumentError(
                 f"unknown model {self.model!r}; known: {sorted(MODEL_PRESETS)}"
             )
-        runnable = [r.value for r in RUNNABLE_ROLES]
-        if self.role not in runnable:
-            raise InvalidArgumentError(f"role must be one of {runnable}, got {self.role!r}")
+        if self.role not in ROLE_NAMES:
+            raise InvalidArgumentError(f"role must be one of {list(ROLE_NAMES)}, got {self.role!r}")
         if self.dtype not in _TORCH_DTYPES:
             raise InvalidArgumentError(f"unknown dtype {self.dtype!r}; known: {_TORCH_DTYPES}")
         for name in ("block_tokens", "page_tokens", "num_pages", "max_num_seqs"):

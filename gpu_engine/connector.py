@@ -9,7 +9,13 @@ failed batch counts for nothing, and the engine recomputes from there.
 
 Save (after the forward pass that completed blocks): one copy of each block into a staging
 buffer, then a background thread puts them (`BlockPublisher`); the step loop never waits on
-the network.
+the network. Under pressure the publisher drops blocks (counted): fine for a prefix cache.
+
+Publish (a prefill engine's finished request, on the engine's publish thread): waits, at
+most `publish_timeout_s`, until the request's offers are settled (`OfferTracker`), matches
+its full prompt blocks in the store and puts the ones missing (dropped, failed, or cached
+locally but gone from the store) straight from the request's pages, then reports how many
+leading blocks the store has committed. Nothing is dropped on this path.
 
 A store that errors or is unreachable is skipped for `retry_after_s`, so a dead store costs
 the engine one failed call per interval, not one per request.
@@ -27,6 +33,7 @@ import torch
 
 from gpu_engine.connector_base import BlockPages, ConnectorRequest, KVConnector
 from gpu_engine.kv_cache import KVCache
+from gpu_engine.offer_tracker import OfferTracker
 from gpu_engine.publisher import BlockPublisher, PublishStats
 from kvstore.client import TRANSPORT_CHOICES, Client
 from kvstore.config import option
@@ -47,12 +54,17 @@ class StoreConnectorConfig:
     load_batch_blocks: int = option(64, "blocks per get; a failed batch loses only itself")
     publish_buffers: int = option(512, "staging blocks for publishing; beyond them, dropped")
     retry_after_s: float = option(2.0, "after a store error, skip the store this long")
+    publish_timeout_s: float = option(
+        10.0, "prefill role: the longest a finished request waits for its offered blocks"
+    )
 
     def __post_init__(self) -> None:
         if self.transport not in TRANSPORT_CHOICES:
             raise InvalidArgumentError(f"transport must be one of {TRANSPORT_CHOICES}")
-        if self.timeout_s <= 0 or self.retry_after_s < 0:
-            raise InvalidArgumentError("timeout_s must be > 0 and retry_after_s >= 0")
+        if self.timeout_s <= 0 or self.retry_after_s < 0 or self.publish_timeout_s <= 0:
+            raise InvalidArgumentError(
+                "timeout_s and publish_timeout_s must be > 0 and retry_after_s >= 0"
+            )
         if self.load_batch_blocks <= 0 or self.publish_buffers <= 0:
             raise InvalidArgumentError("load_batch_blocks and publish_buffers must be > 0")
 
@@ -84,6 +96,7 @@ class StoreConnector(KVConnector):
         self._num_load_errors = 0
         self._publisher: BlockPublisher | None = None
         self._staging: torch.Tensor | None = None
+        self._offers = OfferTracker()
 
     def bind(self, cache: KVCache, namespace: Namespace) -> None:
         super().bind(cache, namespace)
@@ -138,9 +151,43 @@ class StoreConnector(KVConnector):
     ) -> None:
         if not keys or self._publisher is None or not self._ensure_registered():
             return
-        self._publisher.offer(
-            keys, lambda i, out: self.cache.read_block(pages[i], out=out), request.parent_key
+        put = self._offers.track(request.request_id, self._put_chain)
+        num_staged = 0
+        try:
+            num_staged = self._publisher.offer(
+                keys,
+                lambda i, out: self.cache.read_block(pages[i], out=out),
+                request.parent_key,
+                put,
+            )
+        finally:
+            if num_staged == 0:  # nothing will call `put`
+                self._offers.settle(request.request_id)
+
+    def publish(
+        self, request: ConnectorRequest, keys: Sequence[bytes], pages: Sequence[BlockPages]
+    ) -> int:
+        if not keys:
+            return 0
+        if not self._offers.wait(request.request_id, self.config.publish_timeout_s):
+            logger.warning("event=publish_wait_timeout request_id=%d", request.request_id)
+        if not self._ensure_registered():
+            return 0
+        num_committed = 0
+        try:
+            num_committed = self._num_committed(keys)
+            if num_committed < len(keys):
+                self._put_from_pages(keys, pages, num_committed)
+                num_committed = self._num_committed(keys)
+        except KVStoreError as exc:
+            self._on_error("publish", request, exc)
+        logger.info(
+            "event=prefill_published request_id=%d blocks=%d committed=%d",
+            request.request_id,
+            len(keys),
+            num_committed,
         )
+        return num_committed
 
     def drain(self, timeout_s: float | None = None) -> bool:
         """Waits until every offered block was put; False on timeout."""
@@ -197,6 +244,22 @@ class StoreConnector(KVConnector):
                 break
         return tuple(found)
 
+    def _num_committed(self, keys: Sequence[bytes]) -> int:
+        assert self._namespace_id is not None
+        return self._client.match(self._namespace_id, keys).num_matched
+
+    def _put_from_pages(
+        self, keys: Sequence[bytes], pages: Sequence[BlockPages], first: int
+    ) -> None:
+        """Puts blocks ``first...`` of a chain from the root, copied out of `pages` (the
+        caller's until it returns) into one host buffer."""
+        staging = torch.empty(
+            (len(keys) - first, *self.cache.block_shape), dtype=self.cache.pages.dtype
+        )
+        for out, block_pages in zip(staging, pages[first:], strict=True):
+            self.cache.read_block(block_pages, out=out)
+        self._put_chain(keys[first:], list(staging), keys[first - 1] if first else None)
+
     def _put_chain(
         self, keys: Sequence[bytes], blocks: Sequence[torch.Tensor], parent: bytes | None
     ) -> object:
@@ -222,7 +285,7 @@ class StoreConnector(KVConnector):
         return True
 
     def _on_error(self, op: str, request: ConnectorRequest | None, exc: KVStoreError) -> None:
-        self._num_load_errors += op != "register"
+        self._num_load_errors += op in ("match", "get")
         self._skip_until = self._clock() + self.config.retry_after_s
         logger.warning(
             "event=store_error op=%s request_id=%s error=%s retry_after_s=%s",

@@ -7,6 +7,9 @@ load returns (its status is LOADING_REMOTE_KV meanwhile: vLLM's WAITING_FOR_REMO
 small). The engine calls a connector only through `gpu_engine.kv_transfer.KVTransfer`, which
 treats a raise, or a count outside ``[0, len(keys)]``, as 0 blocks.
 
+A prefill engine (`EngineRole.PREFILL`) also calls `publish` when a request finishes, off its
+step loop, and finishes the request only once it returns: the one call that must not drop.
+
 The engine owns pages and block keys; a connector only moves bytes between the store and
 pages it is handed, through `KVCache.write_block` / `read_block` / `block_view`. Every block
 is `pages_per_block` pages, passed as a tuple; keys come from `kvstore.keys.block_keys` in
@@ -37,8 +40,9 @@ class KVConnector(ABC):
     """Moves full KV blocks between an engine's pages and an outside store.
 
     `lookup` and `save` come from the engine's step loop. `load` may come from the engine's
-    loader thread, one load at a time, concurrently with `lookup` and `save` for other
-    blocks; the pages it is handed belong to it alone until it returns.
+    loader thread, one load at a time, and `publish` from its publish thread, one at a time,
+    concurrently with each other and with `lookup` and `save` for other blocks; the pages
+    either is handed belong to it alone until it returns.
     """
 
     def bind(self, cache: KVCache, namespace: Namespace) -> None:
@@ -78,6 +82,20 @@ class KVConnector(ABC):
         returning, then publish asynchronously; never stall the step loop on the network.
         Errors are logged by the engine and otherwise ignored.
         """
+
+    def publish(
+        self, request: ConnectorRequest, keys: Sequence[bytes], pages: Sequence[BlockPages]
+    ) -> int:
+        """Commits a finished request's full prompt blocks in the store, in order, and
+        returns how many leading ones are committed, n (0 <= n <= len(keys)).
+
+        Called by a prefill engine once per request, after `save` offered the blocks it
+        computed; block i has key `keys[i]` (a chain from the root) and is in `pages[i]`.
+        Unlike `save`, nothing may be dropped: wait (bounded) for the blocks already offered,
+        put the ones the store lacks, and count only what the store reports committed. May
+        block; the request finishes when it returns. The default commits nothing: 0.
+        """
+        return 0
 
 
 class NoopConnector(KVConnector):

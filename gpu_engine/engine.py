@@ -3,6 +3,7 @@
 `step` is nano-vllm's loop: the scheduler picks this step's batch (`Scheduler.schedule`), the
 model computes it in one forward pass, the sampler picks a token for every request whose
 tokens are all computed, and the scheduler applies the results (`Scheduler.postprocess`).
+What differs between the roles (both, prefill, decode) is in `gpu_engine.role`.
 
 Rooms: requests and their `RequestStatus` in `gpu_engine.request`, queues and preemption in
 `gpu_engine.scheduler`, pages and cached blocks in `gpu_engine.block_manager` over
@@ -95,39 +96,53 @@ class Engine:
         return self.scheduler.num_running
 
     def add_request(
-        self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        num_published_tokens: int = 0,
     ) -> int:
         """Queues a request; returns its id.
 
+        Args:
+            prompt_token_ids: the prompt.
+            params: how to sample; default `SamplingParams()`.
+            num_published_tokens: leading prompt tokens a prefill engine reported committed
+                in the store (its output's `num_published_tokens`), a multiple of
+                block_tokens; a decode engine loads those blocks without asking the store.
+
         Raises:
-            InvalidRequestError: empty prompt, a token outside the vocabulary, or a request
-                that could never fit the model's positions or the page pool.
+            InvalidRequestError: empty prompt, a token outside the vocabulary, a request
+                that could never fit the model's positions or the page pool, or a published
+                count that is not whole blocks of the prompt.
         """
         params = params if params is not None else SamplingParams()
         tokens = [int(t) for t in prompt_token_ids]
-        self._check_request(tokens, params)
+        self._check_request(tokens, params, num_published_tokens)
         request_id = self._next_id
         self._next_id += 1
         seed = params.seed if params.seed is not None else self.config.seed * 1_000_003 + request_id
         generator = torch.Generator(device=self.config.device).manual_seed(seed)
-        self.scheduler.add(
-            Request(request_id, tokens, len(tokens), params, generator, self._clock())
-        )
+        req = Request(request_id, tokens, len(tokens), params, generator, self._clock())
+        req.num_published_tokens = num_published_tokens
+        self.scheduler.add(req)
         return request_id
 
     def step(self) -> list[RequestOutput]:
-        """One forward pass; returns an output for every request that got a token."""
+        """One forward pass; returns an output for every request that got a token, and for
+        every request that finished without one (a prefill engine's, once published)."""
         batch = self.scheduler.schedule()
-        if not batch.requests:  # nothing to compute until a load is in
-            self.transfer.wait_for_load()
-            return []
+        published = [RequestOutput.of(req) for req in batch.finished]
+        if not batch.requests:  # nothing to compute until a load or a publish is over
+            if not published:
+                self.transfer.wait_for_transfer()
+            return published
         logits = self.model(self._forward_batch(batch), self.cache)  # (B, vocab)
         rows = batch.sample_rows
         ready = [batch.requests[i] for i in rows]
         tokens = sample(logits[rows], [r.params for r in ready], [r.generator for r in ready])
         now = self._clock() if ready else 0.0  # the clock times tokens only
         self.scheduler.postprocess(batch, tokens, logits[rows], now)
-        return [RequestOutput.of(req) for req in ready]
+        return published + [RequestOutput.of(req) for req in ready]
 
     def generate(
         self,
@@ -162,7 +177,9 @@ class Engine:
             device=self.config.device,
         )
 
-    def _check_request(self, tokens: list[int], params: SamplingParams) -> None:
+    def _check_request(
+        self, tokens: list[int], params: SamplingParams, num_published_tokens: int
+    ) -> None:
         m = self.config.model_config
         if not tokens:
             raise InvalidRequestError("prompt must have at least one token")
@@ -174,4 +191,10 @@ class Engine:
         if -(-total // self.config.page_tokens) > self.config.num_pages:
             raise InvalidRequestError(
                 f"{total} tokens need more than {self.config.num_pages} pages"
+            )
+        bt = self.config.block_tokens
+        if not 0 <= num_published_tokens <= len(tokens) or num_published_tokens % bt:
+            raise InvalidRequestError(
+                f"num_published_tokens must be whole blocks ({bt} tokens) of the prompt, "
+                f"got {num_published_tokens} for {len(tokens)} tokens"
             )

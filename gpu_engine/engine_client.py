@@ -40,6 +40,7 @@ class GenerateResult(NamedTuple):
     logits: np.ndarray | None  # (vocab,) fp32 of the last token, when asked for
     start_s: float = 0.0  # client: time.perf_counter() at the call
     end_s: float = 0.0  # client: time.perf_counter() at the last token
+    num_published_tokens: int = 0  # prefill: leading prompt tokens committed in the store
 
 
 class EngineClient:
@@ -77,13 +78,30 @@ class EngineClient:
         prompt: Sequence[int],
         params: SamplingParams | None = None,
         return_logits: bool = False,
+        num_published_tokens: int = 0,
     ) -> GenerateResult:
-        """Runs one request to the end; TTFT and TPOT as this client saw the stream."""
+        """Runs one request to the end; TTFT and TPOT as this client saw the stream.
+
+        Args:
+            prompt: the prompt's token ids.
+            params: how to sample; default `SamplingParams()`.
+            return_logits: the last token's logits in the result.
+            num_published_tokens: for a decode engine, the count a prefill engine returned
+                for this prompt (`GenerateResult.num_published_tokens`).
+
+        Raises:
+            InvalidArgumentError: a request the engine refuses.
+            UnavailableError: the engine is unreachable, or a prefill engine could not
+                commit the prompt's blocks in the store in time.
+        """
         start = time.perf_counter()
         tokens: list[int] = []
         arrivals: list[float] = []
         final = None
-        for msg in self._stream(prompt, params or SamplingParams(), return_logits):
+        stream = self._stream(
+            prompt, params or SamplingParams(), return_logits, num_published_tokens
+        )
+        for msg in stream:
             now = time.perf_counter()
             tokens += msg.token_ids
             arrivals += [now] * len(msg.token_ids)
@@ -99,7 +117,11 @@ class EngineClient:
         return EngineLoad(**{name: getattr(msg, name) for name in EngineLoad._fields})
 
     def _stream(
-        self, prompt: Sequence[int], params: SamplingParams, return_logits: bool
+        self,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        return_logits: bool,
+        num_published_tokens: int,
     ) -> Iterator[pb.GenerateResponse]:
         request = pb.GenerateRequest(
             prompt_token_ids=list(prompt),
@@ -108,6 +130,7 @@ class EngineClient:
             seed=params.seed,
             stop_token_ids=list(params.stop_token_ids),
             return_logits=return_logits,
+            num_published_tokens=num_published_tokens,
         )
         try:
             yield from self._stub.Generate(request, timeout=self.timeout_s)
@@ -132,4 +155,5 @@ def _result(
         logits=np.frombuffer(final.logits, dtype="<f4").copy() if final.logits else None,
         start_s=start,
         end_s=arrivals[-1],
+        num_published_tokens=final.num_published_tokens,
     )

@@ -25,3 +25,13 @@ class BlockSizeError(EngineError, ValueError):
 
 class OutOfPagesError(EngineError):
     """The page pool has no free or evictable page left for an allocation; nothing changed."""
+
+
+class PublishError(EngineError):
+    """A prefill engine could not commit all full blocks of a finished request's prompt in
+    the store within its bound; `num_published_tokens` leading tokens are committed (a
+    decode engine recomputes the rest)."""
+
+    def __init__(self, message: str, num_published_tokens: int) -> None:
+        super().__init__(message)
+        self.num_published_tokens = num_published_tokens

@@ -1,10 +1,13 @@
-"""The engine's side of its `KVConnector`: every call to it, and the loads in flight.
+"""The engine's side of its `KVConnector`: every call to it, and the loads and publishes in
+flight.
 
 Each connector call goes through `KVTransfer._checked`, the one place that catches what a
 connector raises and checks the count it reports (``0 <= n <= len(keys)``); anything else
 counts as 0 blocks, logged, so a broken connector costs recomputation and nothing more.
 A load runs on the loader thread (or inline, without `async_load`) and always ends as a
-`LoadResult`, collected by the scheduler with `finished_loads`; a load never raises.
+`LoadResult`, collected by the scheduler with `finished_loads`; a load never raises. A
+publish (a prefill engine's finished request) runs the same way on its own thread, so a
+slow store never holds up a load, and ends as a `PublishResult` (`finished_publishes`).
 """
 
 from __future__ import annotations
@@ -32,6 +35,21 @@ class LoadResult(NamedTuple):
     num_loaded: int  # checked: 0 <= num_loaded <= len(keys)
 
 
+class PublishResult(NamedTuple):
+    """A finished publish: of the request's full prompt blocks `keys`, the first
+    `num_published` are committed in the store."""
+
+    request: Request
+    keys: list[bytes]
+    num_published: int  # checked: 0 <= num_published <= len(keys)
+
+
+class _PendingPublish(NamedTuple):
+    request: Request
+    keys: list[bytes]
+    num_published: Future[int]  # never raises, as a load's
+
+
 class _PendingLoad(NamedTuple):
     request: Request
     uncached: Uncached
@@ -51,12 +69,19 @@ class KVTransfer:
         self.connector = connector
         self.async_load = async_load
         self._loads: list[_PendingLoad] = []
+        self._publishes: list[_PendingPublish] = []
         self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-load")
+        self._publish_waiter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-publish")
 
     @property
     def num_loading(self) -> int:
         """Loads started and not yet returned by `finished_loads`."""
         return len(self._loads)
+
+    @property
+    def num_publishing(self) -> int:
+        """Publishes started and not yet returned by `finished_publishes`."""
+        return len(self._publishes)
 
     def lookup(self, req: Request, uncached: Uncached) -> int:
         """How many leading blocks of `uncached` the store holds: 0 on any failure."""
@@ -69,12 +94,16 @@ class KVTransfer:
         connector's until the load is collected)."""
         info = ConnectorRequest(req.request_id, req.num_prompt_tokens, uncached.parent_key)
         args = ("load", info, len(blocks), self.connector.load, info, uncached.keys, blocks)
-        if self.async_load:
-            num_loaded = self._loader.submit(self._checked, *args)
-        else:
-            num_loaded = Future()
-            num_loaded.set_result(self._checked(*args))
+        num_loaded = self._run(self._loader, *args)
         self._loads.append(_PendingLoad(req, uncached, blocks, num_loaded))
+
+    def start_publish(self, req: Request, keys: list[bytes], blocks: list[BlockPages]) -> None:
+        """Starts committing `req`'s full prompt blocks (key `keys[i]` in `blocks[i]`, from
+        the first) in the store; their pages are the connector's until it is collected."""
+        info = ConnectorRequest(req.request_id, req.num_prompt_tokens, None)
+        args = ("publish", info, len(keys), self.connector.publish, info, keys, blocks)
+        num_published = self._run(self._publish_waiter, *args)
+        self._publishes.append(_PendingPublish(req, keys, num_published))
 
     def finished_loads(self) -> list[LoadResult]:
         """The loads that are over since the last call, in the order they were started."""
@@ -91,10 +120,19 @@ class KVTransfer:
         self._loads = pending
         return finished
 
-    def wait_for_load(self, timeout_s: float | None = None) -> None:
-        """Blocks until a load in flight is over (returns at once when none is)."""
-        if self._loads:
-            wait([load.num_loaded for load in self._loads], timeout_s, FIRST_COMPLETED)
+    def finished_publishes(self) -> list[PublishResult]:
+        """The publishes that are over since the last call, in the order they were started."""
+        is_done = [p.num_published.done() for p in self._publishes]  # once: they finish meanwhile
+        finished = [p for p, done in zip(self._publishes, is_done, strict=True) if done]
+        self._publishes = [p for p, done in zip(self._publishes, is_done, strict=True) if not done]
+        return [PublishResult(p.request, p.keys, p.num_published.result()) for p in finished]
+
+    def wait_for_transfer(self, timeout_s: float | None = None) -> None:
+        """Blocks until a load or a publish in flight is over (at once when none is)."""
+        futures = [load.num_loaded for load in self._loads]
+        futures += [publish.num_published for publish in self._publishes]
+        if futures:
+            wait(futures, timeout_s, FIRST_COMPLETED)
 
     def save(
         self, req: Request, parent_key: bytes | None, keys: list[bytes], blocks: list[BlockPages]
@@ -104,8 +142,17 @@ class KVTransfer:
         self._checked("save", info, len(keys), self._save, info, keys, blocks)
 
     def close(self) -> None:
-        """Waits for the load in flight, if any, and stops the loader thread."""
+        """Waits for the load and publish in flight, if any, and stops their threads."""
         self._loader.shutdown(wait=True)
+        self._publish_waiter.shutdown(wait=True)
+
+    def _run(self, executor: ThreadPoolExecutor, *args: object) -> Future[int]:
+        """`_checked(*args)` on `executor`, or inline without `async_load`."""
+        if self.async_load:
+            return executor.submit(self._checked, *args)  # type: ignore[arg-type]
+        done: Future[int] = Future()
+        done.set_result(self._checked(*args))  # type: ignore[arg-type]
+        return done
 
     def _save(self, info: ConnectorRequest, keys: list[bytes], blocks: list[BlockPages]) -> int:
         self.connector.save(info, keys, blocks)

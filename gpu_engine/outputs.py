@@ -7,6 +7,7 @@ from typing import NamedTuple
 
 import torch
 
+from gpu_engine.errors import PublishError
 from gpu_engine.request import Request, RequestStatus
 
 
@@ -33,10 +34,14 @@ class RequestOutput:
     request_id: int
     prompt_token_ids: tuple[int, ...]
     output_token_ids: tuple[int, ...]
-    finish_reason: str | None  # None while running; "length" or "stop"
+    finish_reason: str | None  # None until FINISHED; "length", "stop" or "prefill"
     usage: Usage
     metrics: RequestMetrics
     logits: torch.Tensor | None  # (vocab,) fp32 on CPU, of the last token; when finished
+    # Leading prompt tokens committed in the store: a prefill engine's, once finished (the
+    # count to hand the decode engine); a decode engine's, as it was handed them.
+    num_published_tokens: int = 0
+    error: PublishError | None = None  # a prefill engine's publish fell short
 
     @property
     def finished(self) -> bool:
@@ -49,12 +54,13 @@ class RequestOutput:
         num_out = req.num_output_tokens
         first, last = req.first_token_s, req.last_token_s
         assert first is not None and last is not None, "output before a first token"
-        logits = req.last_logits if req.status is RequestStatus.FINISHED else None
+        is_finished = req.status is RequestStatus.FINISHED
+        logits = req.last_logits if is_finished else None
         return cls(
             request_id=req.request_id,
             prompt_token_ids=tuple(req.token_ids[: req.num_prompt_tokens]),
             output_token_ids=tuple(req.token_ids[req.num_prompt_tokens :]),
-            finish_reason=req.finish_reason,
+            finish_reason=req.finish_reason if is_finished else None,
             usage=Usage(req.num_prompt_tokens, num_out, local + store, local, store),
             metrics=RequestMetrics(
                 req.arrival_s,
@@ -62,4 +68,6 @@ class RequestOutput:
                 (last - first) / (num_out - 1) if num_out > 1 else None,
             ),
             logits=logits.cpu() if logits is not None else None,
+            num_published_tokens=req.num_published_tokens,
+            error=req.error,
         )

@@ -10,6 +10,9 @@ WAITING            LOADING_REMOTE_KV   admitted, the store holds some of its blo
 LOADING_REMOTE_KV  RUNNING             the load is over (whatever it delivered)
 RUNNING            WAITING             preempted; its pages are released
 RUNNING            FINISHED            stop token or max_tokens; its pages released
+RUNNING            PUBLISHING_KV       a prefill engine's request got its first token
+PUBLISHING_KV      FINISHED            its prompt blocks are committed (or the wait
+                                       is over: `error` says so); pages released
 =================  ==================  =============================================
 
 Token ranges (B = block_tokens):
@@ -29,6 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gpu_engine.errors import PublishError
 from gpu_engine.sampling import SamplingParams
 
 
@@ -36,6 +40,7 @@ class RequestStatus(enum.Enum):
     WAITING = enum.auto()  # queued: new, or preempted
     LOADING_REMOTE_KV = enum.auto()  # holds its pages, receiving store blocks into them
     RUNNING = enum.auto()  # scheduled every step until it finishes or is preempted
+    PUBLISHING_KV = enum.auto()  # prefill done; holds its pages until its blocks are stored
     FINISHED = enum.auto()  # pages released; `finish_reason` says why
 
 
@@ -58,7 +63,11 @@ class Request:
     first_token_s: float | None = None
     last_token_s: float | None = None
     last_logits: torch.Tensor | None = None  # (vocab,) of the last sampled token
-    finish_reason: str | None = None  # "stop" or "length" once FINISHED
+    finish_reason: str | None = None  # "stop", "length" or "prefill", once it computes no more
+    # Leading prompt tokens committed in the store: handed to a decode engine by the
+    # conductor, or found by a prefill engine when the request finishes.
+    num_published_tokens: int = 0
+    error: PublishError | None = None  # a prefill engine's publish fell short
 
     @property
     def num_uncomputed(self) -> int:

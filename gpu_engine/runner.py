@@ -3,7 +3,8 @@
 The engine is not thread-safe, so exactly one thread (the runner's) calls it: it admits
 submitted requests between steps, steps while anything is unfinished and hands each output
 to the stream of its request. Callers `submit` from any thread and read a `queue.Queue` of
-`RequestOutput` (and, when a request is refused, the exception) until an output is finished.
+`RequestOutput` until an output is finished, or the exception ending the request: refused
+on submission, or a prefill engine's publish that fell short (`PublishError`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class EngineLoad(NamedTuple):
 class _Submission(NamedTuple):
     prompt: list[int]
     params: SamplingParams
+    num_published_tokens: int
     stream: OutputStream
 
 
@@ -75,12 +77,15 @@ class EngineRunner:
         self._thread.join()
         self.engine.close()
 
-    def submit(self, prompt: Sequence[int], params: SamplingParams) -> OutputStream:
-        """Queues a request; its outputs (or the error refusing it) arrive on the stream."""
+    def submit(
+        self, prompt: Sequence[int], params: SamplingParams, num_published_tokens: int = 0
+    ) -> OutputStream:
+        """Queues a request (`Engine.add_request` says what the arguments mean); its outputs,
+        or the error ending it, arrive on the stream."""
         stream: OutputStream = queue.Queue()
         with self._lock:
             self._num_inbox += 1
-        self._inbox.put(_Submission(list(prompt), params, stream))
+        self._inbox.put(_Submission(list(prompt), params, num_published_tokens, stream))
         return stream
 
     def load(self) -> EngineLoad:
@@ -110,7 +115,7 @@ class EngineRunner:
                 stream = self._streams[out.request_id]
                 if out.finished:
                     del self._streams[out.request_id]
-                stream.put(out)
+                stream.put(out.error if out.finished and out.error is not None else out)
 
     def _take_submissions(self, block: bool) -> bool:
         """Admits everything submitted (waiting for one when `block`); False on stop."""
@@ -125,7 +130,9 @@ class EngineRunner:
                 self._num_inbox -= 1
             block = False
             try:
-                request_id = self.engine.add_request(sub.prompt, sub.params)
+                request_id = self.engine.add_request(
+                    sub.prompt, sub.params, sub.num_published_tokens
+                )
             except EngineError as exc:
                 sub.stream.put(exc)
                 continue

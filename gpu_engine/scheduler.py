@@ -10,9 +10,13 @@ request waits in LOADING_REMOTE_KV while they are received and the other request
 RUNNING. `schedule` runs once per step; a step with nothing to compute waits for a load
 (`KVTransfer.wait_for_load`) instead of spinning.
 
-An engine's role (`EngineConfig.role`) changes two decisions, each one method here:
-`_admit` (a decode engine takes a request's prompt from the store) and `_finish_reason`
-(a prefill engine finishes a request at its first token). Only BOTH runs today.
+An engine's role (`EngineConfig.role`) changes two decisions, each asked of its
+`gpu_engine.role.RolePolicy` in one method here: `_admit` (how many store blocks to load: a
+decode engine trusts the count a prefill engine published) and `_finish_reason` (a prefill
+engine finishes a request at its first token). A prefill engine's finished request then
+holds its pages in PUBLISHING_KV until its prompt blocks are committed in the store;
+`schedule` collects those publishes too, and hands the requests they finish back in its
+batch (`ScheduledBatch.finished`), since they get no token in that step.
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ import torch
 
 from gpu_engine.block_manager import BlockManager
 from gpu_engine.config import EngineConfig, EngineRole
-from gpu_engine.kv_transfer import KVTransfer, LoadResult
+from gpu_engine.errors import PublishError
+from gpu_engine.kv_transfer import KVTransfer, LoadResult, PublishResult
 from gpu_engine.request import Request, RequestStatus
+from gpu_engine.role import ROLE_POLICIES
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +43,7 @@ class ScheduledBatch(NamedTuple):
     requests: list[Request]
     num_new_tokens: list[int]
     sample_rows: list[int]  # the i whose chunk ends their uncomputed tokens: they get a token
+    finished: list[Request]  # FINISHED since the last step without a token: publish over
 
 
 class Scheduler:
@@ -52,6 +59,7 @@ class Scheduler:
         self, config: EngineConfig, block_manager: BlockManager, transfer: KVTransfer
     ) -> None:
         self.role: EngineRole = config.engine_role
+        self.policy = ROLE_POLICIES[self.role](config.block_tokens)
         self.max_num_seqs = config.max_num_seqs
         self.max_prefill_tokens = config.max_prefill_tokens
         self.block_manager = block_manager
@@ -62,7 +70,10 @@ class Scheduler:
 
     @property
     def has_unfinished(self) -> bool:
-        return bool(self._waiting or self._running or self.transfer.num_loading)
+        transfer = self.transfer
+        return bool(
+            self._waiting or self._running or transfer.num_loading or transfer.num_publishing
+        )
 
     @property
     def num_waiting(self) -> int:
@@ -70,8 +81,8 @@ class Scheduler:
 
     @property
     def num_running(self) -> int:
-        """Admitted requests: RUNNING, or LOADING_REMOTE_KV."""
-        return len(self._running) + self.transfer.num_loading
+        """Admitted requests holding pages: RUNNING, LOADING_REMOTE_KV or PUBLISHING_KV."""
+        return len(self._running) + self.transfer.num_loading + self.transfer.num_publishing
 
     def add(self, req: Request) -> None:
         """Queues a WAITING request behind the others."""
@@ -80,10 +91,12 @@ class Scheduler:
 
     def schedule(self) -> ScheduledBatch:
         """This step's batch: finished loads join the running requests, which go first, then
-        admissions while the budget lasts. May preempt the youngest running requests."""
+        admissions while the budget lasts; finished publishes finish their requests. May
+        preempt the youngest running requests."""
         for load in self.transfer.finished_loads():
             self._on_loaded(load)
-        batch = ScheduledBatch([], [], [])
+        finished = [self._on_published(p) for p in self.transfer.finished_publishes()]
+        batch = ScheduledBatch([], [], [], finished)
         budget = self.max_prefill_tokens  # decode tokens do not count
         for req in list(self._running):
             if req.status is not RequestStatus.RUNNING:  # preempted to make room
@@ -112,7 +125,7 @@ class Scheduler:
     ) -> None:
         """Applies a computed step: counts every chunk (caching and saving the blocks it
         completed), then appends token i, with its row of `logits` (len(tokens), vocab), to
-        request ``batch.sample_rows[i]``, finishing it on a stop token or max_tokens."""
+        request ``batch.sample_rows[i]``, finishing it when its role says (`_finish_reason`)."""
         requests = batch.requests
         for req, num_new in zip(requests, batch.num_new_tokens, strict=True):
             self._commit(req, num_new)
@@ -142,7 +155,7 @@ class Scheduler:
             return False
         if req.local_cached_tokens is None:
             req.local_cached_tokens = req.num_computed
-        num_hits = self.transfer.lookup(req, uncached) if uncached.keys else 0
+        num_hits = self.policy.num_store_blocks(req, uncached, self.transfer)
         if num_hits == 0:
             req.store_cached_tokens = req.store_cached_tokens or 0
             req.status = RequestStatus.RUNNING
@@ -194,13 +207,31 @@ class Scheduler:
             self.transfer.save(req, parent, keys, blocks)
 
     def _finish_reason(self, req: Request, token: int) -> str | None:
-        if token in req.params.stop_token_ids:
-            return "stop"
-        if req.num_output_tokens >= req.params.max_tokens:
-            return "length"
-        return None
+        return self.policy.finish_reason(req, token)
 
     def _finish(self, req: Request) -> None:
+        """Releases `req`, or first publishes its prompt blocks when its role says so."""
         self._running.remove(req)
+        if not self.policy.publishes_on_finish:
+            self._release(req)
+            return
+        keys, blocks = self.block_manager.prompt_blocks(req)
+        req.status = RequestStatus.PUBLISHING_KV
+        self.transfer.start_publish(req, keys, blocks)
+
+    def _on_published(self, publish: PublishResult) -> Request:
+        """PUBLISHING_KV to FINISHED; a publish that fell short is the request's error."""
+        req, num_keys = publish.request, len(publish.keys)
+        req.num_published_tokens = publish.num_published * self._block_tokens
+        if publish.num_published < num_keys:
+            req.error = PublishError(
+                f"request {req.request_id}: {publish.num_published} of {num_keys} prompt "
+                "blocks committed in the store",
+                req.num_published_tokens,
+            )
+        self._release(req)
+        return req
+
+    def _release(self, req: Request) -> None:
         self.block_manager.free(req)
         req.status = RequestStatus.FINISHED

@@ -3,6 +3,11 @@
 A thread-pool gRPC server: each Generate call submits its request to the runner and streams
 the tokens from the request's output stream as the engine thread samples them. Protobuf
 types stop here and in `gpu_engine.engine_client`.
+
+Disaggregated, a conductor sends a request to a `--role prefill` engine, whose stream
+carries the first token and ends (finish reason "prefill") with `num_published_tokens`
+once the prompt's blocks are in the store, then sends the same request with that count to a
+`--role decode` engine, which streams all max_tokens tokens.
 """
 
 from __future__ import annotations
@@ -20,7 +25,13 @@ import grpc
 from gpu_engine.config import EngineConfig
 from gpu_engine.connector import StoreConnector, StoreConnectorConfig
 from gpu_engine.engine import Engine
-from gpu_engine.errors import BlockSizeError, EngineError, InvalidRequestError, OutOfPagesError
+from gpu_engine.errors import (
+    BlockSizeError,
+    EngineError,
+    InvalidRequestError,
+    OutOfPagesError,
+    PublishError,
+)
 from gpu_engine.outputs import RequestOutput
 from gpu_engine.runner import EngineRunner
 from gpu_engine.sampling import SamplingParams
@@ -59,6 +70,7 @@ _WIRE_ERRORS: MappingProxyType[type[EngineError], type[errors.KVStoreError]] = M
         InvalidRequestError: errors.InvalidArgumentError,
         BlockSizeError: errors.InvalidArgumentError,
         OutOfPagesError: errors.ResourceExhaustedError,
+        PublishError: errors.UnavailableError,  # the store did not take the blocks in time
     }
 )
 
@@ -86,6 +98,7 @@ def _response(out: RequestOutput, num_sent: int, return_logits: bool) -> pb.Gene
         finish_reason=out.finish_reason or "",
     )
     if out.finished:
+        msg.num_published_tokens = out.num_published_tokens
         msg.usage.CopyFrom(pb.GenerateUsage(**out.usage._asdict()))
         ttft, tpot = out.metrics.ttft_s, out.metrics.tpot_s
         msg.metrics.CopyFrom(pb.GenerateMetrics(ttft_s=ttft or 0.0, tpot_s=tpot or 0.0))
@@ -107,7 +120,8 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
             params = _params(request)
         except (EngineError, ValueError) as exc:
             _abort(context, InvalidRequestError(str(exc)))
-        stream = self.runner.submit(list(request.prompt_token_ids), params)
+        prompt, num_published = list(request.prompt_token_ids), request.num_published_tokens
+        stream = self.runner.submit(prompt, params, num_published)
         num_sent = 0
         while True:
             out = stream.get()

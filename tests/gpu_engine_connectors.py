@@ -13,7 +13,8 @@ from gpu_engine.connector_base import BlockPages, ConnectorRequest, KVConnector
 
 
 class DictConnector(KVConnector):
-    """An in-memory stand-in for the store, keyed by block key; shareable between engines."""
+    """An in-memory stand-in for the store, keyed by block key; shareable between engines.
+    Its saves are synchronous, so a publish only adds the blocks still missing."""
 
     def __init__(self, blocks: dict[bytes, object], as_bytes: bool = False) -> None:
         self.blocks = blocks
@@ -38,6 +39,12 @@ class DictConnector(KVConnector):
                 key, block.view(torch.uint8).numpy().tobytes() if self.as_bytes else block
             )
             self.num_saved += 1
+
+    def publish(
+        self, request: ConnectorRequest, keys: Sequence[bytes], pages: Sequence[BlockPages]
+    ) -> int:
+        self.save(request, keys, pages)
+        return len(keys)
 
 
 class FlakyConnector(DictConnector):

@@ -1,6 +1,7 @@
 """`kvstore engine` processes behind a real store: Generate streams the same tokens and logits
 as an in-process engine, a second engine loads what the first published, Load reports the
-engine's state, and bad requests get INVALID_ARGUMENT without hurting the server."""
+engine's state, bad requests get INVALID_ARGUMENT without hurting the server, and a
+`--role prefill` process hands a request to a `--role decode` one through the store."""
 
 from __future__ import annotations
 
@@ -103,3 +104,31 @@ def test_in_process_server_streams_concurrent_requests_and_rejects_bad_input():
         load = client.load()
         assert not load.store_connected
         assert load.num_free_pages == load.num_pages == config.num_pages
+
+
+def test_prefill_and_decode_engine_processes_hand_a_request_over(store, engine_factory):
+    prompt = _prompt(2, 6 * BLOCK + 5)
+    config = EngineConfig(block_tokens=BLOCK, page_tokens=BLOCK)
+    ref = Engine(config).generate([prompt], GREEDY)[0]
+    prefill = engine_factory("--store", store.address, "--role", "prefill", *ENGINE_FLAGS)
+    decode = engine_factory("--store", store.address, "--role", "decode", *ENGINE_FLAGS)
+
+    first = prefill.generate(prompt, GREEDY)
+    assert first.finish_reason == "prefill"
+    assert first.output_token_ids == ref.output_token_ids[:1]
+    assert first.num_published_tokens == 6 * BLOCK  # committed before the stream ended
+
+    out = decode.generate(prompt, GREEDY, num_published_tokens=first.num_published_tokens)
+    assert out.output_token_ids == ref.output_token_ids and out.finish_reason == "length"
+    assert out.usage.store_cached_tokens == 6 * BLOCK
+    assert out.num_published_tokens == 6 * BLOCK  # echoed
+    assert decode.load().num_store_loaded_blocks == 6
+    with pytest.raises(InvalidArgumentError, match="whole blocks"):
+        decode.generate(prompt, GREEDY, num_published_tokens=BLOCK + 1)
+
+
+def test_an_unknown_role_stops_the_engine_command_naming_the_roles():
+    cmd = [sys.executable, "-m", "kvstore.cli", "engine", "--role", "nonsense"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "role must be one of ['both', 'prefill', 'decode']" in done.stderr

@@ -1,5 +1,7 @@
 """Engine correctness: reused KV (local prefix cache, or blocks through a connector) gives the
-same tokens and logits as recomputation; batching, chunking and preemption change nothing."""
+same tokens and logits as recomputation; batching, chunking and preemption change nothing; a
+prefill engine's output streams its first token and finishes once published, and a decode
+engine handed the blocks continues exactly."""
 
 from __future__ import annotations
 
@@ -279,6 +281,44 @@ def test_bad_requests_are_refused(prompt: list[int], max_tokens: int) -> None:
     engine = _make_engine(num_pages=64)  # 256 tokens of pages
     with pytest.raises(InvalidRequestError):
         engine.add_request(prompt, SamplingParams(max_tokens=max_tokens))
+    assert not engine.has_unfinished
+
+
+def test_a_prefill_engine_streams_its_first_token_and_finishes_once_published() -> None:
+    blocks: dict[bytes, object] = {}
+    prompt, ticks = _prompt(70, 5 * BLOCK + 3), iter(range(100))
+    ref = _reference(prompt)
+    prefill = Engine(
+        EngineConfig(block_tokens=BLOCK, page_tokens=4, role="prefill", async_load=False),
+        DictConnector(blocks),
+        clock=lambda: float(next(ticks)),
+    )
+    prefill.add_request(prompt, GREEDY)  # arrives at 0
+    assert prefill.step() == []  # the dict's lookup claims every block: a load of none
+    [first] = prefill.step()  # its token at 1; published inline
+    assert (first.output_token_ids, first.finished) == (ref.output_token_ids[:1], False)
+    assert prefill.has_unfinished and len(blocks) == 5
+    [done] = prefill.step()  # no token: the publish is collected
+    assert done.finish_reason == "prefill" and done.output_token_ids == first.output_token_ids
+    assert done.num_published_tokens == 5 * BLOCK and done.error is None
+    assert done.metrics.ttft_s == 1.0 and done.logits is not None
+    _assert_idle(prefill)
+
+    decode = _make_engine(DictConnector(blocks), role="decode", max_prefill_tokens=16)
+    decode.add_request(prompt, GREEDY, num_published_tokens=done.num_published_tokens)
+    outs = [o for _ in range(20) if decode.has_unfinished for o in decode.step() if o.finished]
+    _assert_same(outs[0], ref)
+    assert outs[0].usage.store_cached_tokens == 5 * BLOCK
+    _assert_idle(decode)
+
+
+@pytest.mark.parametrize("num_published_tokens", [-BLOCK, BLOCK + 1, 3 * BLOCK])
+def test_a_published_count_that_is_not_whole_blocks_of_the_prompt_is_refused(
+    num_published_tokens: int,
+) -> None:
+    engine = _make_engine(role="decode")
+    with pytest.raises(InvalidRequestError, match="whole blocks"):
+        engine.add_request(_prompt(71, 2 * BLOCK + 1), GREEDY, num_published_tokens)
     assert not engine.has_unfinished
 
 

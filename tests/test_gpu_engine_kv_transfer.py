@@ -1,6 +1,7 @@
 """KVTransfer, the engine's one handler of its connector: a raise or a count outside
-[0, len(keys)] from lookup or load counts as 0 and is logged once, a failed save is logged
-and dropped, and every load, on the loader thread or inline, ends as one `LoadResult`."""
+[0, len(keys)] from lookup, load or publish counts as 0 and is logged once, a failed save is
+logged and dropped, every load, on the loader thread or inline, ends as one `LoadResult`,
+and every publish as one `PublishResult`, never held up by a load."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 
 from gpu_engine.block_manager import Uncached
 from gpu_engine.connector_base import BlockPages, ConnectorRequest, KVConnector
-from gpu_engine.kv_transfer import KVTransfer, LoadResult
+from gpu_engine.kv_transfer import KVTransfer, LoadResult, PublishResult
 from gpu_engine.request import Request
 from gpu_engine.sampling import SamplingParams
 
@@ -51,6 +52,11 @@ class ScriptedConnector(KVConnector):
     ) -> None:
         self._answer("save", request, keys)
 
+    def publish(
+        self, request: ConnectorRequest, keys: Sequence[bytes], pages: Sequence[BlockPages]
+    ) -> int:
+        return self._answer("publish", request, keys)  # type: ignore[return-value]
+
 
 def _request(request_id: int = 7) -> Request:
     return Request(request_id, [1] * 40, 40, SamplingParams(), torch.Generator(), 0.0)
@@ -58,7 +64,7 @@ def _request(request_id: int = 7) -> Request:
 
 def _load_all(transfer: KVTransfer, req: Request) -> list[LoadResult]:
     transfer.start_load(req, Uncached(1, b"parent", KEYS), BLOCKS)
-    transfer.wait_for_load()
+    transfer.wait_for_transfer()
     return transfer.finished_loads()
 
 
@@ -124,6 +130,39 @@ def test_loads_in_flight_are_collected_once_each_in_start_order() -> None:
 
 def test_waiting_with_no_load_in_flight_returns_at_once() -> None:
     transfer = KVTransfer(ScriptedConnector(0), async_load=True)
-    transfer.wait_for_load()
+    transfer.wait_for_transfer()
     assert transfer.finished_loads() == []
     transfer.close()
+
+
+@pytest.mark.parametrize(
+    ("count", "num_published"), [(2, 2), (3, 3), (ConnectionError("store gone"), 0), (4, 0)]
+)
+@pytest.mark.parametrize("async_load", [True, False])
+def test_every_publish_ends_as_one_checked_result(
+    count: object, num_published: int, async_load: bool
+) -> None:
+    connector = ScriptedConnector(count)
+    transfer = KVTransfer(connector, async_load)
+    req = _request()
+    transfer.start_publish(req, KEYS, BLOCKS)
+    transfer.wait_for_transfer()
+    assert transfer.finished_publishes() == [PublishResult(req, KEYS, num_published)]
+    assert transfer.num_publishing == 0 and transfer.finished_publishes() == []
+    assert connector.calls == [("publish", ConnectorRequest(7, 40, None), KEYS)]
+    transfer.close()
+
+
+def test_a_publish_is_not_held_up_by_a_load_in_flight() -> None:
+    connector = ScriptedConnector(3)
+    connector.gate.clear()  # the load waits
+    transfer = KVTransfer(connector, async_load=True)
+    loading, publishing = _request(1), _request(2)
+    transfer.start_load(loading, Uncached(0, None, KEYS), BLOCKS)
+    transfer.start_publish(publishing, KEYS, BLOCKS)
+    transfer.wait_for_transfer()  # the publish: the load cannot finish
+    assert [p.request for p in transfer.finished_publishes()] == [publishing]
+    assert transfer.num_loading == 1 and transfer.finished_loads() == []
+    connector.gate.set()
+    transfer.close()
+    assert [r.request for r in transfer.finished_loads()] == [loading]

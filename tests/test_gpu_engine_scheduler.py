@@ -1,7 +1,9 @@
 """The scheduler without a model: prefill chunked by the token budget, decodes first,
 admissions capped by `max_num_seqs` and the pool, the youngest request preempted and
-requeued first, a store hit LOADING_REMOTE_KV until `schedule` collects its load, and
-requests finished on a stop token or max_tokens with their pages released."""
+requeued first, a store hit LOADING_REMOTE_KV until `schedule` collects its load,
+requests finished on a stop token or max_tokens with their pages released, and the roles:
+a prefill engine's request PUBLISHING_KV after its first token until its publish is
+collected, a decode engine's loading the published count it was handed without a lookup."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import torch
 from gpu_engine.block_manager import BlockManager
 from gpu_engine.config import EngineConfig, EngineRole
 from gpu_engine.connector_base import BlockPages, ConnectorRequest, KVConnector, NoopConnector
+from gpu_engine.errors import PublishError
 from gpu_engine.kv_transfer import KVTransfer
 from gpu_engine.page_pool import PagePool
 from gpu_engine.request import Request, RequestStatus
@@ -147,7 +150,7 @@ def test_a_store_hit_loads_while_others_run_and_joins_at_the_next_schedule(
     assert hit.status is RequestStatus.LOADING_REMOTE_KV
     assert scheduler.num_running == 2 and scheduler.num_waiting == 0
     connector.gate.set()
-    scheduler.transfer.wait_for_load()
+    scheduler.transfer.wait_for_transfer()
     rest = 4 * BLOCK + 3 - num_loaded * BLOCK
     assert _step(scheduler) == [(1, 1, True), (0, rest, True)]
     assert hit.status is RequestStatus.RUNNING and other.status is RequestStatus.RUNNING
@@ -169,8 +172,89 @@ def test_a_stop_token_finishes_a_request_and_releases_its_pages() -> None:
     _assert_idle(scheduler)
 
 
-def test_only_the_both_role_runs_today() -> None:
-    assert _make().role is EngineRole.BOTH
-    for role in ("prefill", "decode", "nonsense"):
-        with pytest.raises(InvalidArgumentError, match="role"):
-            EngineConfig(role=role)
+class PublishingConnector(HeldConnector):
+    """Records its calls; the store holds `num_loaded` blocks, and a publish commits
+    `num_committed` (all: None) once `gate` is set."""
+
+    def __init__(self, num_loaded: int, num_committed: int | None = None) -> None:
+        super().__init__(num_loaded)
+        self.num_committed = num_committed
+        self.calls: list[tuple[str, int]] = []
+
+    def lookup(self, request: ConnectorRequest, keys: Sequence[bytes]) -> int:
+        self.calls.append(("lookup", len(keys)))
+        return min(self.num_loaded, len(keys))
+
+    def load(
+        self, request: ConnectorRequest, keys: Sequence[bytes], pages: Sequence[BlockPages]
+    ) -> int:
+        self.calls.append(("load", len(keys)))
+        return super().load(request, keys, pages)
+
+    def publish(
+        self, request: ConnectorRequest, keys: Sequence[bytes], pages: Sequence[BlockPages]
+    ) -> int:
+        assert self.gate.wait(timeout=30), "the test never opened the gate"
+        self.calls.append(("publish", len(keys)))
+        return len(keys) if self.num_committed is None else self.num_committed
+
+
+@pytest.mark.parametrize("async_load", [True, False])
+def test_a_prefill_request_finishes_at_its_first_token_once_published(async_load: bool) -> None:
+    connector = PublishingConnector(0)
+    scheduler = _make(connector, role="prefill", async_load=async_load)
+    if not async_load:
+        connector.gate.set()  # the publish runs inside the step that finished the prompt
+    req = _add(scheduler, 0, 4 * BLOCK + 3, max_tokens=4)
+    assert _step(scheduler) == [(0, 4 * BLOCK + 3, True)]
+    assert req.token_ids[4 * BLOCK + 3 :] == [TOKEN] and req.finish_reason == "prefill"
+    if async_load:
+        assert req.status is RequestStatus.PUBLISHING_KV and len(req.pages) == 9
+        assert scheduler.has_unfinished and scheduler.num_running == 1
+        assert scheduler.schedule() == ScheduledBatch([], [], [], [])  # still publishing
+        connector.gate.set()
+        scheduler.transfer.wait_for_transfer()
+    assert scheduler.schedule() == ScheduledBatch([], [], [], [req])
+    assert req.status is RequestStatus.FINISHED and req.pages == []
+    assert (req.num_published_tokens, req.error) == (4 * BLOCK, None)
+    assert connector.calls == [("lookup", 4), ("publish", 4)]
+    _assert_idle(scheduler)
+
+
+def test_a_prefill_publish_that_falls_short_is_the_requests_error() -> None:
+    connector = PublishingConnector(0, num_committed=1)
+    connector.gate.set()
+    scheduler = _make(connector, role="prefill", async_load=False)
+    req = _add(scheduler, 0, 3 * BLOCK, max_tokens=4, stop_token_ids=(TOKEN,))
+    _step(scheduler)
+    assert scheduler.schedule().finished == [req]
+    assert req.finish_reason == "stop" and req.num_published_tokens == BLOCK
+    assert isinstance(req.error, PublishError) and req.error.num_published_tokens == BLOCK
+    assert "1 of 3 prompt blocks" in str(req.error)
+    _assert_idle(scheduler)
+
+
+@pytest.mark.parametrize(
+    ("num_published_tokens", "calls", "num_loaded"),
+    [(3 * BLOCK, [("load", 3)], 3), (0, [("lookup", 4), ("load", 4)], 4)],
+)
+def test_a_decode_request_loads_the_published_count_without_a_lookup(
+    num_published_tokens: int, calls: list[tuple[str, int]], num_loaded: int
+) -> None:
+    connector = PublishingConnector(num_loaded=4)
+    connector.gate.set()
+    scheduler = _make(connector, role="decode", async_load=False)
+    req = _add(scheduler, 0, 4 * BLOCK + 3, max_tokens=3)
+    req.num_published_tokens = num_published_tokens
+    while scheduler.has_unfinished:
+        _step(scheduler)
+    assert connector.calls == calls
+    assert req.store_cached_tokens == num_loaded * BLOCK
+    assert req.finish_reason == "length" and req.num_output_tokens == 3
+    _assert_idle(scheduler)
+
+
+def test_each_role_has_its_policy_and_an_unknown_role_names_the_valid_ones() -> None:
+    assert [_make(role=r.value).role for r in EngineRole] == list(EngineRole)
+    with pytest.raises(InvalidArgumentError, match=r"\['both', 'prefill', 'decode'\]"):
+        EngineConfig(role="nonsense")
