@@ -75,6 +75,13 @@ _SPECS = (
         "agent) to check policies off the shared trace",
     ),
     SuiteSpec(
+        "scheduler",
+        "bench.scheduler",
+        "replay a Mooncake-format trace through the simulated conductor: SLO attainment, "
+        "goodput, rejections and wasted prefill per routing/admission policy and speedup",
+        can_plot=True,
+    ),
+    SuiteSpec(
         "recovery",
         "bench.recovery",
         "restart recovery: index rebuild from an SSD tier of 100k blocks vs a bare LMDB scan",
