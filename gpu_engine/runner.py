@@ -30,7 +30,7 @@ class EngineLoad(NamedTuple):
     """What a scheduler routes on."""
 
     num_waiting: int  # submitted, not yet admitted
-    num_running: int
+    num_running: int  # holding pages: running, loading or (prefill) publishing
     num_free_pages: int  # free or evictable
     num_pages: int
     num_cached_blocks: int
@@ -41,6 +41,7 @@ class EngineLoad(NamedTuple):
     num_published_blocks: int
     num_dropped_blocks: int
     num_pending_blocks: int
+    role: str = "both"  # the engine's `EngineConfig.role`
 
 
 class _Submission(NamedTuple):
@@ -105,6 +106,7 @@ class EngineRunner:
             num_published_blocks=publish.num_published_blocks if publish else 0,
             num_dropped_blocks=publish.num_dropped_blocks if publish else 0,
             num_pending_blocks=publish.num_pending_blocks if publish else 0,
+            role=engine.config.role,
         )
 
     def _run(self) -> None:

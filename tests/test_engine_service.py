@@ -102,7 +102,7 @@ def test_in_process_server_streams_concurrent_requests_and_rejects_bad_input():
         assert [o.output_token_ids for o in outs] == [r.output_token_ids for r in ref]
         assert all(o.finish_reason == "length" for o in outs)
         load = client.load()
-        assert not load.store_connected
+        assert not load.store_connected and load.role == "both"
         assert load.num_free_pages == load.num_pages == config.num_pages
 
 
@@ -122,7 +122,9 @@ def test_prefill_and_decode_engine_processes_hand_a_request_over(store, engine_f
     assert out.output_token_ids == ref.output_token_ids and out.finish_reason == "length"
     assert out.usage.store_cached_tokens == 6 * BLOCK
     assert out.num_published_tokens == 6 * BLOCK  # echoed
-    assert decode.load().num_store_loaded_blocks == 6
+    load = decode.load()
+    assert (load.role, load.num_store_loaded_blocks) == ("decode", 6)
+    assert prefill.load().role == "prefill"
     with pytest.raises(InvalidArgumentError, match="whole blocks"):
         decode.generate(prompt, GREEDY, num_published_tokens=BLOCK + 1)
 

@@ -334,7 +334,7 @@ class LoadRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class LoadResponse(_message.Message):
-    __slots__ = ("num_waiting", "num_running", "num_free_pages", "num_pages", "num_cached_blocks", "block_tokens", "store_connected", "num_store_loaded_blocks", "bytes_loaded", "num_published_blocks", "num_dropped_blocks", "num_pending_blocks")
+    __slots__ = ("num_waiting", "num_running", "num_free_pages", "num_pages", "num_cached_blocks", "block_tokens", "store_connected", "num_store_loaded_blocks", "bytes_loaded", "num_published_blocks", "num_dropped_blocks", "num_pending_blocks", "role")
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_FREE_PAGES_FIELD_NUMBER: _ClassVar[int]
@@ -347,6 +347,7 @@ class LoadResponse(_message.Message):
     NUM_PUBLISHED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NUM_DROPPED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NUM_PENDING_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
     num_waiting: int
     num_running: int
     num_free_pages: int
@@ -359,4 +360,5 @@ class LoadResponse(_message.Message):
     num_published_blocks: int
     num_dropped_blocks: int
     num_pending_blocks: int
-    def __init__(self, num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., num_free_pages: _Optional[int] = ..., num_pages: _Optional[int] = ..., num_cached_blocks: _Optional[int] = ..., block_tokens: _Optional[int] = ..., store_connected: _Optional[bool] = ..., num_store_loaded_blocks: _Optional[int] = ..., bytes_loaded: _Optional[int] = ..., num_published_blocks: _Optional[int] = ..., num_dropped_blocks: _Optional[int] = ..., num_pending_blocks: _Optional[int] = ...) -> None: ...
+    role: str
+    def __init__(self, num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., num_free_pages: _Optional[int] = ..., num_pages: _Optional[int] = ..., num_cached_blocks: _Optional[int] = ..., block_tokens: _Optional[int] = ..., store_connected: _Optional[bool] = ..., num_store_loaded_blocks: _Optional[int] = ..., bytes_loaded: _Optional[int] = ..., num_published_blocks: _Optional[int] = ..., num_dropped_blocks: _Optional[int] = ..., num_pending_blocks: _Optional[int] = ..., role: _Optional[str] = ...) -> None: ...
