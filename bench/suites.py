@@ -82,6 +82,12 @@ _SPECS = (
         can_plot=True,
     ),
     SuiteSpec(
+        "calibrate",
+        "bench.calibrate",
+        "fit the conductor's cost model (prefill, decode step, pool transfer) to the real "
+        "engine and store on this machine; writes the profile as JSON (--out)",
+    ),
+    SuiteSpec(
         "recovery",
         "bench.recovery",
         "restart recovery: index rebuild from an SSD tier of 100k blocks vs a bare LMDB scan",
