@@ -152,7 +152,6 @@ class StoreConnector(KVConnector):
         if not keys or self._publisher is None or not self._ensure_registered():
             return
         put = self._offers.track(request.request_id, self._put_chain)
-        num_staged = 0
         try:
             num_staged = self._publisher.offer(
                 keys,
@@ -160,9 +159,11 @@ class StoreConnector(KVConnector):
                 request.parent_key,
                 put,
             )
-        finally:
-            if num_staged == 0:  # nothing will call `put`
-                self._offers.settle(request.request_id)
+        except BaseException:  # the copy failed: the publisher counts it failed, never puts
+            self._offers.settle(request.request_id, failed=True)
+            raise
+        if num_staged == 0:  # all dropped: nothing will call `put`
+            self._offers.settle(request.request_id)
 
     def publish(
         self, request: ConnectorRequest, keys: Sequence[bytes], pages: Sequence[BlockPages]

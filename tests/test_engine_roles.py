@@ -8,6 +8,7 @@ request's error, never a silent drop."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -128,6 +129,27 @@ def test_a_prefill_engine_publishes_what_its_bounded_publisher_dropped(store):
     assert connector.stats().publish.num_dropped_blocks == NUM_FULL - 2
     assert out.num_published_tokens == NUM_FULL * BLOCK and out.error is None
     assert _num_committed(store.address, prompt) == NUM_FULL
+
+
+def test_a_prefill_finish_waits_for_its_offered_blocks_instead_of_putting_them_again(store):
+    prompt = _prompt(9)
+    engine, connector = _engine(store.address, "prefill")  # async_load: the default
+    real_put_chain, unblock, calls = connector._client.put_chain, threading.Event(), []
+
+    def slow_put_chain(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(len(args[1]))
+        assert unblock.wait(timeout=30), "the test never let the put through"
+        return real_put_chain(*args, **kwargs)
+
+    connector._client.put_chain = slow_put_chain  # type: ignore[method-assign]
+    engine.add_request(prompt, GREEDY)
+    [first] = engine.step()  # the prompt's 8 blocks are offered; their put is stuck
+    assert not first.finished and engine.has_unfinished
+    unblock.set()
+    outs = [o for _ in range(100) if engine.has_unfinished for o in engine.step() if o.finished]
+    assert outs[0].num_published_tokens == NUM_FULL * BLOCK
+    assert calls == [NUM_FULL]  # one put: the publish found every block committed
+    connector.close()
 
 
 def test_a_prefill_engine_republishes_cached_blocks_the_store_lost(store):
