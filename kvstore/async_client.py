@@ -24,6 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from kvstore import errors, wire
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.auth import open_aio_channel
 from kvstore.client_common import (
     DEFAULT_CHUNK_BYTES,
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -64,6 +65,10 @@ class AsyncClient:
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         transport: str = "auto",
+        auth_token: str = "",
+        tls_ca: str = "",
+        tls_cert: str = "",
+        tls_key: str = "",
     ) -> None:
         if transport not in TRANSPORT_CHOICES:
             raise errors.InvalidArgumentError(f"transport must be one of {TRANSPORT_CHOICES}")
@@ -77,7 +82,7 @@ class AsyncClient:
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
         ]
-        self._channel = grpc.aio.insecure_channel(address, options=options)
+        self._channel = open_aio_channel(address, options, auth_token, tls_ca, tls_cert, tls_key)
         self._stub = pb_grpc.KVStoreStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from rich.console import Console
 
 from kvstore import config as cfg
+from kvstore.auth import read_token_file
 from kvstore.client import Client
 from kvstore.demo import DemoConfig, run_demo
 from kvstore.errors import KVStoreError
@@ -52,6 +53,14 @@ def _cmd_engine(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_conductor(args: argparse.Namespace) -> int:
+    from kvstore.scheduler.front.config import ConductorConfig
+    from kvstore.scheduler.front.server import serve_conductor
+
+    serve_conductor(cfg.build(ConductorConfig, args, os.environ, cfg.load_file(args.config)))
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     console = Console()
     # grpc.aio's process-wide poller can wake the embedded server's closed loop once more
@@ -67,7 +76,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_stats(args: argparse.Namespace) -> int:
     if args.watch:
         return _watch_stats(args)
-    with Client(args.address, timeout_s=args.timeout_s) as client:
+    with _client(args) as client:
         stats = client.stats()
     for name, value in stats._asdict().items():
         if name != "tiers":
@@ -87,7 +96,7 @@ def _watch_stats(args: argparse.Namespace) -> int:
 
     from kvstore.metrics.stats_table import node_table, tier_table
 
-    with Client(args.address, timeout_s=args.timeout_s) as client:
+    with _client(args) as client:
         then, then_s = client.stats(), time.monotonic()
         with Live(auto_refresh=False) as live:
             for _ in itertools.count() if args.count == 0 else range(args.count):
@@ -100,7 +109,7 @@ def _watch_stats(args: argparse.Namespace) -> int:
 
 
 def _cmd_health(args: argparse.Namespace) -> int:
-    with Client(args.address, timeout_s=args.timeout_s) as client:
+    with _client(args) as client:
         is_serving = client.health()
     print("SERVING" if is_serving else "NOT_SERVING")
     return 0 if is_serving else 1
@@ -130,11 +139,27 @@ def _add_engine(sub: argparse._SubParsersAction, with_flags: bool) -> None:
     cfg.add_arguments(p, EngineServiceConfig)
 
 
+def _add_conductor(sub: argparse._SubParsersAction) -> None:
+    from kvstore.scheduler.front.config import ConductorConfig
+
+    help = "front engine processes with an OpenAI-compatible API and SLO admission"
+    p = sub.add_parser("conductor", help=help)
+    p.add_argument("--config", default=None, help="TOML file with any of the options below")
+    cfg.add_arguments(p, ConductorConfig)
+    p.set_defaults(func=_cmd_conductor)
+
+
 def _add_demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="start an embedded store and run a prefix-reuse demo")
     p.add_argument("--dram-bytes", default="256MiB", help="DRAM tier of the embedded store")
     p.add_argument("--users", type=int, default=8, help="users sharing the system prompt")
     p.set_defaults(func=_cmd_demo, log_level="WARNING")  # the table, not the server's log
+
+
+def _client(args: argparse.Namespace) -> Client:
+    token = read_token_file(args.auth_token_file) if args.auth_token_file else ""
+    tls = {"tls_ca": args.tls_ca, "tls_cert": args.tls_cert, "tls_key": args.tls_key}
+    return Client(args.address, timeout_s=args.timeout_s, auth_token=token, **tls)
 
 
 def _add_client_command(
@@ -143,6 +168,10 @@ def _add_client_command(
     p = sub.add_parser(name, help=help)
     p.add_argument("--address", default="127.0.0.1:50051", help="store node host:port")
     p.add_argument("--timeout-s", type=float, default=10.0)
+    p.add_argument("--auth-token-file", default="", help="file holding this client's token")
+    p.add_argument("--tls-ca", default="", help="PEM CA of the node's certificate: use TLS")
+    p.add_argument("--tls-cert", default="", help="PEM client certificate (mutual TLS)")
+    p.add_argument("--tls-key", default="", help="PEM key of --tls-cert")
     p.set_defaults(func=func)
     return p
 
@@ -153,6 +182,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_serve(sub)
     _add_engine(sub, with_flags=command == "engine")
+    _add_conductor(sub)
     _add_demo(sub)
     stats = _add_client_command(sub, "stats", "print a store node's counters", _cmd_stats)
     stats.add_argument("--watch", action="store_true", help="a live table of tiers and rates")

@@ -25,6 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from kvstore import errors, wire
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.auth import open_channel
 from kvstore.client_common import (
     DEFAULT_CHUNK_BYTES,
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -67,6 +68,11 @@ class Client:
         transport: how `get_into`/`put` move bytes: "ucx" (the data plane, or raise
             UnavailableError), "grpc" (the portable path), "auto" (ucx when both ends
             have it, else grpc).
+        auth_token: bearer token sent with every call (a node with --auth-token-file
+            answers calls without a known one UNAUTHENTICATED).
+        tls_ca: PEM file of the CA the node's certificate chains to: connect over TLS.
+        tls_cert, tls_key: PEM client certificate and key, for a node that asks for one
+            (mutual TLS).
     """
 
     def __init__(
@@ -76,6 +82,10 @@ class Client:
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         transport: str = "auto",
+        auth_token: str = "",
+        tls_ca: str = "",
+        tls_cert: str = "",
+        tls_key: str = "",
     ) -> None:
         if transport not in TRANSPORT_CHOICES:
             raise errors.InvalidArgumentError(f"transport must be one of {TRANSPORT_CHOICES}")
@@ -89,7 +99,7 @@ class Client:
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
         ]
-        self._channel = grpc.insecure_channel(address, options=options)
+        self._channel = open_channel(address, options, auth_token, tls_ca, tls_cert, tls_key)
         self._stub = pb_grpc.KVStoreStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 

@@ -103,7 +103,11 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
         flag = "--" + f.name.replace("_", "-")
         env = ENV_PREFIX + f.name.upper()
         help_text = f"{f.metadata.get('help', '')} [env {env}; default {f.default}]"
-        group.add_argument(flag, dest=f.name, default=None, metavar=f.name.upper(), help=help_text)
+        # A boolean flag alone means true (`--insecure`); `--insecure false` still works.
+        extra: dict[str, Any] = {"nargs": "?", "const": "true"} if str(f.type) == "bool" else {}
+        group.add_argument(
+            flag, dest=f.name, default=None, metavar=f.name.upper(), help=help_text, **extra
+        )
 
 
 def load_file(path: str | Path | None) -> dict[str, Any]:

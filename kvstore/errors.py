@@ -121,6 +121,18 @@ class TooManyConnectionsError(ResourceExhaustedError):
     """The node holds as many data-plane connections as it allows (in all, or per peer)."""
 
 
+class UnauthenticatedError(KVStoreError, PermissionError):
+    """The call carries no token, or one the node does not know."""
+
+    code = "UNAUTHENTICATED"
+
+
+class PermissionDeniedError(KVStoreError, PermissionError):
+    """The caller's tenant may not act on what it named."""
+
+    code = "PERMISSION_DENIED"
+
+
 class UnavailableError(KVStoreError, ConnectionError):
     """The store cannot be reached."""
 

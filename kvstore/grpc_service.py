@@ -7,8 +7,10 @@ marker instead of raising inside grpc, where it would end the call as UNKNOWN wi
 traceback in the log. The handler turns the marker into `InvalidArgumentError`:
 INVALID_ARGUMENT, one log line.
 
-With `CallMetrics`, every call of every method is timed, the bytes of its messages counted,
-and the error class it ended with (the trailing metadata `abort` sets) recorded, in one place.
+With an `Authenticator` that has tokens, a call without a known bearer token ends as
+UNAUTHENTICATED before its handler runs. With `CallMetrics`, every call of every method is
+timed, the bytes of its messages counted, and the error class it ended with (the trailing
+metadata `abort` sets) recorded, in one place.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from kvstore._proto import kvstore_pb2 as pb
+from kvstore.auth import Authenticator
 from kvstore.errors import ERROR_METADATA_KEY, InvalidArgumentError, KVStoreError
 from kvstore.metrics import CallMetrics
 
@@ -48,11 +51,12 @@ def register(
     service: Any = SERVICE,
     messages: Any = pb,
     metrics: CallMetrics | None = None,
+    auth: Authenticator | None = None,
 ) -> None:
     """Serves `servicer`'s methods (one per RPC of `service`, by name) on `server`;
     `messages` is the generated module that holds the service's message classes; `metrics`
-    records every call."""
-    handlers = {m.name: _handler(m, servicer, messages, metrics) for m in service.methods}
+    records every call; `auth` admits only calls with a known token."""
+    handlers = {m.name: _handler(m, servicer, messages, metrics, auth) for m in service.methods}
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(service.full_name, handlers),)
     )
@@ -60,7 +64,11 @@ def register(
 
 
 def _handler(
-    method: Any, servicer: Any, messages: Any, metrics: CallMetrics | None
+    method: Any,
+    servicer: Any,
+    messages: Any,
+    metrics: CallMetrics | None,
+    auth: Authenticator | None,
 ) -> grpc.RpcMethodHandler:
     request_cls = getattr(messages, method.input_type.name)
     response_cls = getattr(messages, method.output_type.name)
@@ -73,6 +81,8 @@ def _handler(
     }
     make_handler, check = kinds[(method.client_streaming, method.server_streaming)]
     handle = check(method.name, behavior)
+    if auth is not None and auth.is_enabled:
+        handle = _authenticated(handle, auth, method.server_streaming)
     if metrics is not None:  # outermost: malformed requests are calls too
         handle = _timed(method.name, handle, metrics, method.server_streaming)
         decode, encode = _counted(method.name, decode, encode, metrics)
@@ -81,6 +91,30 @@ def _handler(
         request_deserializer=decode,
         response_serializer=encode,
     )
+
+
+def _authenticated(
+    behavior: Callable[..., Any], auth: Authenticator, is_stream: bool
+) -> Callable[..., Any]:
+    """Ends a call without a known token as UNAUTHENTICATED, before anything else runs."""
+
+    async def admit(context: grpc.aio.ServicerContext) -> None:
+        try:
+            auth.tenant(context.invocation_metadata())
+        except KVStoreError as exc:
+            log.warning("event=unauthenticated peer=%s reason=%r", context.peer(), str(exc))
+            await abort(context, exc)
+
+    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await admit(context)
+        return await behavior(request, context)
+
+    async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        await admit(context)
+        async for response in behavior(request, context):
+            yield response
+
+    return stream if is_stream else unary
 
 
 def _counted(

@@ -90,11 +90,17 @@ class StoreProcess:
             raise
 
 
-def start_store(tmp_path: Path, *args: str, env: Mapping[str, str] | None = None) -> StoreProcess:
+def start_store(
+    tmp_path: Path,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    client: Mapping[str, str] | None = None,
+) -> StoreProcess:
     """Starts `kvstore serve ARGS` on a port it picks itself (no race with other processes
     for a free one) and waits until it answers health checks.
 
-    `env`: variables to set for the process, over this one's environment.
+    `env`: variables to set for the process, over this one's environment. `client`: the
+    `Client` arguments the health check needs (e.g. `tls_ca` for a TLS node).
     """
     fd, log_name = tempfile.mkstemp(prefix="store-", suffix=".log", dir=tmp_path)
     cmd = [sys.executable, "-m", "kvstore.cli", "serve", "--port", "0", *args]
@@ -106,8 +112,8 @@ def start_store(tmp_path: Path, *args: str, env: Mapping[str, str] | None = None
     try:
         port = wait_until(lambda: _serving_port(store), 30.0, "the store serves")
         store.address = f"127.0.0.1:{port}"
-        with Client(store.address, timeout_s=5.0) as client:
-            assert client.health()
+        with Client(store.address, timeout_s=5.0, **(client or {})) as checker:
+            assert checker.health()
     except Exception:
         proc.kill()
         raise RuntimeError(f"store did not start:\n{store.log()}") from None
@@ -126,8 +132,10 @@ def store_factory(tmp_path: Path) -> Iterator[Callable[..., StoreProcess]]:
     teardown, where each must exit 0 unless the test killed it."""
     started: list[StoreProcess] = []
 
-    def factory(*args: str, env: Mapping[str, str] | None = None) -> StoreProcess:
-        started.append(start_store(tmp_path, *args, env=env))
+    def factory(
+        *args: str, env: Mapping[str, str] | None = None, client: Mapping[str, str] | None = None
+    ) -> StoreProcess:
+        started.append(start_store(tmp_path, *args, env=env, client=client))
         return started[-1]
 
     yield factory

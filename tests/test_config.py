@@ -282,9 +282,8 @@ def test_every_field_has_a_flag_with_help(
     help_text = " ".join(_make_parser().format_help().split())
     flag, env = "--" + field.name.replace("_", "-"), "KVSTORE_" + field.name.upper()
     assert field.metadata["help"]
-    expected = (
-        f"{flag} {field.name.upper()} {field.metadata['help']} [env {env}; default {field.default}]"
-    )
+    metavar = f"[{field.name.upper()}]" if field.type == "bool" else field.name.upper()
+    expected = f"{flag} {metavar} {field.metadata['help']} [env {env}; default {field.default}]"
     assert expected in help_text
     assert f"{cls.__name__}:" in help_text  # one argument group per config class
 
@@ -305,3 +304,10 @@ def test_flags_parse_to_their_field() -> None:
     assert (args.dram_bytes, args.expire_interval_s) == ("1GiB", "2")
     assert cfg.build(StoreConfig, args).dram_bytes == 1 << 30
     assert cfg.build(ServerConfig, args).expire_interval_s == 2.0
+
+
+def test_a_boolean_flag_alone_means_true_and_takes_a_value_too() -> None:
+    parser = _make_parser()
+    assert cfg.build(StoreConfig, parser.parse_args(["--ssd-sync"])).ssd_sync is True
+    assert cfg.build(StoreConfig, parser.parse_args(["--ssd-sync", "false"])).ssd_sync is False
+    assert cfg.build(StoreConfig, parser.parse_args([])).ssd_sync is False
