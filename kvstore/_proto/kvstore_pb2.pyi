@@ -362,3 +362,51 @@ class LoadResponse(_message.Message):
     num_pending_blocks: int
     role: str
     def __init__(self, num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., num_free_pages: _Optional[int] = ..., num_pages: _Optional[int] = ..., num_cached_blocks: _Optional[int] = ..., block_tokens: _Optional[int] = ..., store_connected: _Optional[bool] = ..., num_store_loaded_blocks: _Optional[int] = ..., bytes_loaded: _Optional[int] = ..., num_published_blocks: _Optional[int] = ..., num_dropped_blocks: _Optional[int] = ..., num_pending_blocks: _Optional[int] = ..., role: _Optional[str] = ...) -> None: ...
+
+class CompleteRequest(_message.Message):
+    __slots__ = ("prompt_token_ids", "prompt", "max_tokens", "temperature", "seed", "ttft_slo_s", "tbt_slo_ms")
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    TTFT_SLO_S_FIELD_NUMBER: _ClassVar[int]
+    TBT_SLO_MS_FIELD_NUMBER: _ClassVar[int]
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    prompt: str
+    max_tokens: int
+    temperature: float
+    seed: int
+    ttft_slo_s: float
+    tbt_slo_ms: float
+    def __init__(self, prompt_token_ids: _Optional[_Iterable[int]] = ..., prompt: _Optional[str] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., ttft_slo_s: _Optional[float] = ..., tbt_slo_ms: _Optional[float] = ...) -> None: ...
+
+class CompleteUsage(_message.Message):
+    __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens")
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
+
+class CompleteResponse(_message.Message):
+    __slots__ = ("token_ids", "text", "finish_reason", "usage", "prefill_engine", "decode_engine", "ttft_s", "predicted_ttft_s")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_ENGINE_FIELD_NUMBER: _ClassVar[int]
+    DECODE_ENGINE_FIELD_NUMBER: _ClassVar[int]
+    TTFT_S_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_TTFT_S_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    text: str
+    finish_reason: str
+    usage: CompleteUsage
+    prefill_engine: int
+    decode_engine: int
+    ttft_s: float
+    predicted_ttft_s: float
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[str] = ..., usage: _Optional[_Union[CompleteUsage, _Mapping]] = ..., prefill_engine: _Optional[int] = ..., decode_engine: _Optional[int] = ..., ttft_s: _Optional[float] = ..., predicted_ttft_s: _Optional[float] = ...) -> None: ...

@@ -618,3 +618,92 @@ class EngineService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class ConductorStub:
+    """---------------------------------------------------------------------------------------
+    The conductor (`kvstore conductor`): routes and admits completions over engine processes.
+    A request predicted to miss its SLO is refused at once with RESOURCE_EXHAUSTED: the
+    details say why; trailing metadata "kvstore-reject-reason" names the reason and
+    "retry-after" (seconds, an integer) when waiting lets it fit.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Complete = channel.unary_stream(
+                '/kvstore.v1.Conductor/Complete',
+                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.CompleteRequest.SerializeToString,
+                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.CompleteResponse.FromString,
+                _registered_method=True)
+
+
+class ConductorServicer:
+    """---------------------------------------------------------------------------------------
+    The conductor (`kvstore conductor`): routes and admits completions over engine processes.
+    A request predicted to miss its SLO is refused at once with RESOURCE_EXHAUSTED: the
+    details say why; trailing metadata "kvstore-reject-reason" names the reason and
+    "retry-after" (seconds, an integer) when waiting lets it fit.
+    """
+
+    def Complete(self, request, context):
+        """Streams the completion: the first message carries the first token, the last one
+        finish_reason and usage.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ConductorServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Complete': grpc.unary_stream_rpc_method_handler(
+                    servicer.Complete,
+                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.CompleteRequest.FromString,
+                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.CompleteResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'kvstore.v1.Conductor', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('kvstore.v1.Conductor', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Conductor:
+    """---------------------------------------------------------------------------------------
+    The conductor (`kvstore conductor`): routes and admits completions over engine processes.
+    A request predicted to miss its SLO is refused at once with RESOURCE_EXHAUSTED: the
+    details say why; trailing metadata "kvstore-reject-reason" names the reason and
+    "retry-after" (seconds, an integer) when waiting lets it fit.
+    """
+
+    @staticmethod
+    def Complete(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/kvstore.v1.Conductor/Complete',
+            kvstore_dot___proto_dot_kvstore__pb2.CompleteRequest.SerializeToString,
+            kvstore_dot___proto_dot_kvstore__pb2.CompleteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -1,0 +1,259 @@
+"""The conductor's OpenAI-compatible HTTP API (aiohttp): ``POST /v1/completions``,
+``GET /health``, ``GET /metrics``.
+
+``/v1/completions`` takes ``prompt`` (text, token ids, or a list of one of either),
+``max_tokens`` (default 16), ``temperature`` (default 1, 0 is greedy), ``seed`` and
+``stream``; ``n`` must be 1 and other fields are ignored. Headers ``x-slo-ttft-ms`` and
+``x-slo-tbt-ms`` set the request's SLO (defaults: the conductor's flags). The answer has
+OpenAI's completion shape, with ``usage.prompt_tokens_details.cached_tokens`` (prompt
+tokens the prefill loaded or reused, not computed) and one extension, ``kvstore``:
+``token_ids`` (the output ids; in a stream, the chunk's), and on the last message
+``prefill_engine``, ``decode_engine``, ``ttft_s`` (measured at the conductor),
+``predicted_ttft_s`` and ``tbt_s``. A stream is ``text/event-stream``: one
+``data: {chunk}`` per output piece, usage on the last, then ``data: [DONE]``.
+
+A request the policy refuses gets 429 at once: ``error.reason``, ``error.predicted``,
+``error.limit`` and ``error.retry_after_s`` in the body, ``Retry-After`` (whole seconds,
+rounded up) unless it can never fit. Bad input is 400; an engine that fails before the
+first token is 503 (400 if it refused the input); after it, the stream carries
+``data: {"error": ...}`` and ends without ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from kvstore.errors import InvalidArgumentError, KVStoreError, UnavailableError
+from kvstore.scheduler.front.completion import CompletionRequest, RejectedError
+from kvstore.scheduler.front.conductor import Conductor, Ticket
+from kvstore.scheduler.front.metrics import ConductorMetrics
+from kvstore.scheduler.front.tokenizer import ByteTokenizer, Detokenizer
+from kvstore.scheduler.slo import SLO
+
+DEFAULT_MAX_TOKENS = 16
+
+
+class HttpApi:
+    """The routes over one conductor.
+
+    Args:
+        conductor: admits and runs the completions.
+        metrics: what ``/metrics`` serves.
+        slo: the SLO of a request without SLO headers.
+        health: ``/health``'s check: engine addresses and whether each answered.
+        engines: engine addresses, by the indexes outcomes carry.
+    """
+
+    def __init__(
+        self,
+        conductor: Conductor,
+        metrics: ConductorMetrics,
+        slo: SLO,
+        health: Callable[[], Awaitable[dict[str, bool]]],
+        engines: list[str],
+    ) -> None:
+        self.conductor = conductor
+        self.metrics = metrics
+        self.slo = slo
+        self.health = health
+        self.engines = engines
+        self.tokenizer = ByteTokenizer()
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_get("/health", self.health_check)
+        app.router.add_get("/metrics", self.metrics_text)
+        return app
+
+    async def health_check(self, _: web.Request) -> web.Response:
+        engines = await self.health()
+        ok = all(engines.values())
+        body = {"status": "ok" if ok else "unavailable", "engines": engines}
+        return web.json_response(body, status=200 if ok else 503)
+
+    async def metrics_text(self, _: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.text(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def completions(self, http: web.Request) -> web.StreamResponse:
+        try:
+            body = await http.json()
+            request = parse_request(body, http.headers, self.slo, self.tokenizer)
+        except (ValueError, InvalidArgumentError) as exc:
+            return _error(400, str(exc), "invalid_request_error")
+        try:
+            ticket = await self.conductor.admit(request)
+        except RejectedError as exc:
+            return _rejected(exc)
+        try:
+            if body.get("stream"):
+                return await self._stream(http, ticket, body)
+            return await self._whole(ticket, body)
+        finally:
+            self.conductor.release(ticket)
+
+    async def _whole(self, ticket: Ticket, body: Mapping[str, Any]) -> web.Response:
+        chunks = self.conductor.run(ticket)
+        try:
+            async for _ in chunks:
+                pass
+        except KVStoreError as exc:
+            return _engine_error(exc)
+        finally:
+            await chunks.aclose()
+        text = self.tokenizer.decode(ticket.tokens)
+        msg = _envelope(ticket, body, text, ticket.finish_reason, list(ticket.tokens))
+        msg["usage"] = _usage(ticket)
+        msg["kvstore"] |= self._summary(ticket)
+        return web.json_response(msg)
+
+    async def _stream(
+        self, http: web.Request, ticket: Ticket, body: Mapping[str, Any]
+    ) -> web.StreamResponse:
+        chunks = self.conductor.run(ticket)
+        detok = Detokenizer()
+        try:
+            first = await anext(chunks)
+        except (KVStoreError, StopAsyncIteration) as exc:
+            await chunks.aclose()
+            return _engine_error(exc if isinstance(exc, KVStoreError) else UnavailableError(""))
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(http)
+        try:
+            ids = list(first.token_ids)
+            await _send(response, _envelope(ticket, body, detok.feed(ids), None, ids))
+            async for chunk in chunks:
+                ids = list(chunk.token_ids)
+                await _send(response, _envelope(ticket, body, detok.feed(ids), None, ids))
+        except KVStoreError as exc:
+            await _send(response, {"error": {"message": str(exc), "type": type(exc).__name__}})
+            return response
+        finally:
+            await chunks.aclose()  # a client gone mid-stream cancels the engine calls
+        last = _envelope(ticket, body, detok.feed([], final=True), ticket.finish_reason, [])
+        last["usage"] = _usage(ticket)
+        last["kvstore"] |= self._summary(ticket)
+        await _send(response, last)
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    def _summary(self, t: Ticket) -> dict[str, Any]:
+        outcome = t.outcome
+        assert outcome is not None, "a finished run sets the outcome"
+        return {
+            "prefill_engine": self.engines[outcome.prefill],
+            "decode_engine": self.engines[outcome.decode],
+            "ttft_s": outcome.ttft_s,
+            "predicted_ttft_s": outcome.predicted_ttft_s,
+            "tbt_s": outcome.tbt_s,
+        }
+
+
+def parse_request(
+    body: object, headers: Mapping[str, str], slo: SLO, tokenizer: ByteTokenizer
+) -> CompletionRequest:
+    """A `CompletionRequest` from an OpenAI completions body and the SLO headers;
+    InvalidArgumentError naming the bad field."""
+    if not isinstance(body, dict):
+        raise InvalidArgumentError("the body must be a JSON object")
+    if body.get("n", 1) != 1:
+        raise InvalidArgumentError("n: only 1 completion per request")
+    prompt = _prompt_ids(body.get("prompt"), tokenizer)
+    max_tokens = body.get("max_tokens", DEFAULT_MAX_TOKENS)
+    temperature = body.get("temperature", 1.0)
+    seed = body.get("seed")
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        raise InvalidArgumentError(f"max_tokens must be an integer >= 1: {max_tokens!r}")
+    if not isinstance(temperature, int | float) or temperature < 0:
+        raise InvalidArgumentError(f"temperature must be a number >= 0: {temperature!r}")
+    if seed is not None and (not isinstance(seed, int) or seed < 0):
+        raise InvalidArgumentError(f"seed must be an integer >= 0: {seed!r}")
+    return CompletionRequest(prompt, max_tokens, float(temperature), seed, _slo(headers, slo))
+
+
+def _prompt_ids(prompt: object, tokenizer: ByteTokenizer) -> tuple[int, ...]:
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        ids = tokenizer.encode(prompt)
+    elif isinstance(prompt, list) and all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt
+    ):
+        ids = list(prompt)
+    else:
+        raise InvalidArgumentError("prompt: text, token ids, or a list of one of either")
+    if not ids:
+        raise InvalidArgumentError("prompt: empty")
+    return tuple(ids)
+
+
+def _slo(headers: Mapping[str, str], default: SLO) -> SLO:
+    try:
+        ttft_ms = float(headers.get("x-slo-ttft-ms", default.ttft_s * 1000))
+        tbt_ms = float(headers.get("x-slo-tbt-ms", default.tbt_s * 1000))
+        return SLO(ttft_ms / 1000, tbt_ms / 1000)
+    except ValueError as exc:
+        raise InvalidArgumentError(f"x-slo-ttft-ms / x-slo-tbt-ms: {exc}") from None
+
+
+def _envelope(
+    t: Ticket, body: Mapping[str, Any], text: str, finish: str | None, ids: list[int]
+) -> dict[str, Any]:
+    choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
+    return {
+        "id": f"cmpl-{t.request_id}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": str(body.get("model") or "kvstore"),
+        "choices": [choice],
+        "kvstore": {"token_ids": ids},
+    }
+
+
+def _usage(t: Ticket) -> dict[str, Any]:
+    n = len(t.tokens)
+    return {
+        "prompt_tokens": t.input_len,
+        "completion_tokens": n,
+        "total_tokens": t.input_len + n,
+        "prompt_tokens_details": {"cached_tokens": t.cached_tokens},
+    }
+
+
+async def _send(response: web.StreamResponse, msg: Mapping[str, Any]) -> None:
+    await response.write(b"data: " + json.dumps(msg).encode() + b"\n\n")
+
+
+def _error(status: int, message: str, kind: str) -> web.Response:
+    body = {"error": {"message": message, "type": kind, "code": None}}
+    return web.json_response(body, status=status)
+
+
+def _rejected(exc: RejectedError) -> web.Response:
+    r = exc.reject
+    headers = {} if r.retry_after_s is None else {"Retry-After": str(math.ceil(r.retry_after_s))}
+    body = {
+        "error": {
+            "message": str(exc),
+            "type": "rate_limit_exceeded",
+            "code": "slo_rejected",
+            "reason": r.reason.value,
+            "predicted": r.predicted,
+            "limit": r.limit,
+            "retry_after_s": r.retry_after_s,
+        }
+    }
+    return web.json_response(body, status=429, headers=headers)
+
+
+def _engine_error(exc: KVStoreError) -> web.Response:
+    status = 400 if isinstance(exc, InvalidArgumentError) else 503
+    return _error(status, str(exc), type(exc).__name__)

@@ -1,0 +1,211 @@
+"""`ConductorServer`: the conductor, its HTTP API and its gRPC service on one event loop;
+`serve_conductor` runs it as `kvstore conductor` until SIGTERM or SIGINT.
+
+At start every engine must answer Load within `ready_timeout_s`: its role places it in the
+view (`Roles.of`) and its block size fixes the KV namespace block keys are computed in
+(`gpu_engine.config.EngineConfig(...).namespace`, the one the engines publish under). A
+profile made for another block size (the built-in `datacenter` has 512-token blocks) is
+rescaled to the engines' blocks: per-token costs stay, block counts are converted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import signal
+
+import grpc
+from aiohttp import web
+
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore.async_client import AsyncClient
+from kvstore.errors import InvalidArgumentError, KVStoreError, UnavailableError
+from kvstore.grpc_service import register
+from kvstore.keys import Namespace
+from kvstore.scheduler.base import PolicyContext
+from kvstore.scheduler.cost_model import CostModel
+from kvstore.scheduler.front.conductor import Conductor, Roles
+from kvstore.scheduler.front.config import ConductorConfig
+from kvstore.scheduler.front.engine_handle import EngineHandle, EngineStatus
+from kvstore.scheduler.front.grpc_api import SERVICE, ConductorServicer
+from kvstore.scheduler.front.http_api import HttpApi
+from kvstore.scheduler.front.live_view import LiveCluster, LiveDecode, LivePrefill
+from kvstore.scheduler.front.metrics import ConductorMetrics
+from kvstore.scheduler.profile import CostProfile, resolve_profile
+from kvstore.scheduler.registry import make_scheduling_policy
+
+log = logging.getLogger("kvstore.conductor")
+HEALTH_TIMEOUT_S = 2.0
+READY_POLL_S = 0.1
+
+
+class ConductorServer:
+    """Everything `kvstore conductor` runs; `await start()`, then `await stop()`.
+
+    Args:
+        config: what to front and where to listen.
+        profile: the cost profile; default: `config.profile` resolved.
+
+    Attributes (after start): `conductor`, `metrics`, `http_port`, `grpc_port` (-1: none).
+    """
+
+    def __init__(self, config: ConductorConfig, profile: CostProfile | None = None) -> None:
+        self.config = config
+        self._profile = profile
+        self.http_port = -1
+        self.grpc_port = -1
+        self._runner: web.AppRunner | None = None
+        self._grpc: grpc.aio.Server | None = None
+        self._store: AsyncClient | None = None
+        self.engines: list[EngineHandle] = []
+
+    async def start(self) -> ConductorServer:
+        c = self.config
+        addresses = c.engine_addresses
+        self.engines = [EngineHandle(a, c.engine_timeout_s) for a in addresses]
+        statuses = await asyncio.gather(*(self._ready(e) for e in self.engines))
+        block_tokens = _block_tokens(addresses, statuses)
+        profile = _for_blocks(self._profile or resolve_profile(c.profile), block_tokens)
+        namespace = _namespace(c, block_tokens)
+        self._store = await self._open_store(namespace)
+        self.conductor = self._conductor(profile, namespace, Roles.of([s.role for s in statuses]))
+        self.metrics = ConductorMetrics(addresses)
+        roles = self.conductor.roles
+        self.metrics.watch(self.conductor.cluster, roles.prefill, roles.decode)
+        self.conductor.listeners.append(self.metrics.observe)
+        await self._start_http(addresses)
+        await self._start_grpc()
+        log.info(
+            "event=conductor_serving http=%s:%d grpc_port=%d policy=%s prefill=%s decode=%s",
+            c.host, self.http_port, self.grpc_port, c.policy,
+            ",".join(addresses[i] for i in roles.prefill),
+            ",".join(addresses[i] for i in roles.decode),
+        )  # fmt: skip
+        return self
+
+    def _conductor(self, profile: CostProfile, namespace: Namespace, roles: Roles) -> Conductor:
+        c = self.config
+        cost = CostModel(profile)
+        prefills = [LivePrefill(profile.prefill_cache_blocks) for _ in roles.prefill]
+        decodes = [LiveDecode(profile.decode_kv_capacity_tokens) for _ in roles.decode]
+        cluster = LiveCluster(cost, prefills, decodes)
+        policy = make_scheduling_policy(c.policy, PolicyContext(cost, c.slo, c.seed))
+        return Conductor(self.engines, roles, cluster, policy, namespace, self._store, seed=c.seed)
+
+    async def _ready(self, engine: EngineHandle) -> EngineStatus:
+        """The engine's Load, retried until `ready_timeout_s` (engines start slowly)."""
+        deadline = asyncio.get_running_loop().time() + self.config.ready_timeout_s
+        while True:
+            try:
+                return await engine.load(timeout_s=HEALTH_TIMEOUT_S)
+            except UnavailableError:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise UnavailableError(f"engine {engine.address} did not answer") from None
+                await asyncio.sleep(READY_POLL_S)
+
+    async def _open_store(self, namespace: Namespace) -> AsyncClient | None:
+        if not self.config.store:
+            return None
+        store = AsyncClient(self.config.store, transport="grpc")
+        await store.register_namespace(namespace)  # idempotent; Match needs it known
+        return store
+
+    async def _start_http(self, addresses: list[str]) -> None:
+        api = HttpApi(self.conductor, self.metrics, self.config.slo, self.health, addresses)
+        self._runner = web.AppRunner(api.app(), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.config.host, self.config.port)
+        await site.start()
+        server = site._server
+        assert server is not None and server.sockets, "the HTTP site is listening"  # type: ignore[attr-defined]
+        self.http_port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+
+    async def _start_grpc(self) -> None:
+        if self.config.grpc_port < 0:
+            return
+        self._grpc = grpc.aio.server()
+        register(self._grpc, ConductorServicer(self.conductor, self.config.slo), SERVICE, pb)
+        self.grpc_port = self._grpc.add_insecure_port(f"{self.config.host}:{self.config.grpc_port}")
+        await self._grpc.start()
+
+    async def health(self) -> dict[str, bool]:
+        """Each engine's address and whether it answered Load within 2 s."""
+
+        async def answers(engine: EngineHandle) -> bool:
+            try:
+                await engine.load(timeout_s=HEALTH_TIMEOUT_S)
+            except KVStoreError:
+                return False
+            return True
+
+        found = await asyncio.gather(*(answers(e) for e in self.engines))
+        return dict(zip((e.address for e in self.engines), found, strict=True))
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        if self._grpc is not None:
+            await self._grpc.stop(grace_s)
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._store is not None:
+            await self._store.close()
+        for engine in self.engines:
+            await engine.close()
+
+
+def _block_tokens(addresses: list[str], statuses: list[EngineStatus]) -> int:
+    sizes = {s.block_tokens for s in statuses}
+    if len(sizes) != 1:
+        found = dict(zip(addresses, (s.block_tokens for s in statuses), strict=True))
+        raise InvalidArgumentError(f"engines disagree on block_tokens: {found}")
+    return sizes.pop()
+
+
+def _namespace(c: ConductorConfig, block_tokens: int) -> Namespace:
+    from gpu_engine.config import EngineConfig  # torch: only where a conductor runs
+
+    engine = EngineConfig(
+        model=c.model,
+        model_id=c.model_id,
+        dtype=c.dtype,
+        tenant_salt=c.tenant_salt,
+        block_tokens=block_tokens,
+        page_tokens=block_tokens,
+    )
+    return engine.namespace
+
+
+def _for_blocks(profile: CostProfile, block_tokens: int) -> CostProfile:
+    """`profile` with `block_tokens`-token blocks: per-token costs kept, capacities in
+    blocks converted (the same bytes)."""
+    if profile.block_tokens == block_tokens:
+        return profile
+    log.warning(
+        "event=profile_rescaled profile_block_tokens=%d engine_block_tokens=%d",
+        profile.block_tokens,
+        block_tokens,
+    )
+    scale = profile.block_tokens / block_tokens
+    return dataclasses.replace(
+        profile,
+        block_tokens=block_tokens,
+        prefill_cache_blocks=int(profile.prefill_cache_blocks * scale),
+        pool_capacity_blocks=int(profile.pool_capacity_blocks * scale),
+    )
+
+
+def serve_conductor(config: ConductorConfig) -> None:
+    """Runs a conductor until SIGTERM or SIGINT."""
+
+    async def main() -> None:
+        server = await ConductorServer(config).start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("event=conductor_draining")
+        await server.stop()
+        log.info("event=conductor_stopped")
+
+    asyncio.run(main())
