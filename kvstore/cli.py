@@ -61,14 +61,6 @@ def _cmd_conductor(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_conductor(args: argparse.Namespace) -> int:
-    from kvstore.scheduler.front.config import ConductorConfig
-    from kvstore.scheduler.front.server import serve_conductor
-
-    serve_conductor(cfg.build(ConductorConfig, args, os.environ, cfg.load_file(args.config)))
-    return 0
-
-
 def _cmd_demo(args: argparse.Namespace) -> int:
     console = Console()
     # grpc.aio's process-wide poller can wake the embedded server's closed loop once more
@@ -157,16 +149,6 @@ def _add_conductor(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_conductor)
 
 
-def _add_conductor(sub: argparse._SubParsersAction) -> None:
-    from kvstore.scheduler.front.config import ConductorConfig
-
-    help = "front engine processes with an OpenAI-compatible API and SLO admission"
-    p = sub.add_parser("conductor", help=help)
-    p.add_argument("--config", default=None, help="TOML file with any of the options below")
-    cfg.add_arguments(p, ConductorConfig)
-    p.set_defaults(func=_cmd_conductor)
-
-
 def _add_demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="start an embedded store and run a prefix-reuse demo")
     p.add_argument("--dram-bytes", default="256MiB", help="DRAM tier of the embedded store")
@@ -200,7 +182,6 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_serve(sub)
     _add_engine(sub, with_flags=command == "engine")
-    _add_conductor(sub)
     _add_conductor(sub)
     _add_demo(sub)
     stats = _add_client_command(sub, "stats", "print a store node's counters", _cmd_stats)
