@@ -16,7 +16,7 @@ import argparse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from bench import scheduler_targets
+from bench import scheduler_matrix, scheduler_targets
 from bench.options import extra_of
 from bench.report import Row, progress_bar, pyplot
 from bench.suites import SuiteOptions
@@ -33,6 +33,8 @@ DEFAULTS: Mapping[str, object] = {
     "decode": 8,
     "speedup": None,
     "sweep": False,
+    "matrix": False,
+    "workers": 2,
     "ttft_slo_s": 30.0,
     "tbt_slo_ms": 100.0,
     "profile": "datacenter",
@@ -51,6 +53,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--decode", type=int, default=DEFAULTS["decode"], help="decode instances")
     add("--speedup", type=float, default=None, help="replay this many times faster (one run)")
     add("--sweep", action="store_true", help=f"every speedup of {SWEEP} (the default)")
+    add(
+        "--matrix",
+        action="store_true",
+        help="the conductor vs the best anchors over 3 traces x 2 shapes x 3 overloaded speedups",
+    )
+    add("--workers", type=int, default=DEFAULTS["workers"], help="processes for --matrix")
     add("--ttft-slo-s", type=float, default=DEFAULTS["ttft_slo_s"], help="TTFT SLO, seconds")
     add("--tbt-slo-ms", type=float, default=DEFAULTS["tbt_slo_ms"], help="TBT SLO, ms")
     add("--profile", default=DEFAULTS["profile"], help=f"{sorted(PROFILES)} or a JSON file")
@@ -62,6 +70,10 @@ def _settings(options: SuiteOptions) -> dict[str, object]:
     s = {**DEFAULTS, **extra_of(options)}
     if s["speedup"] is not None and s["sweep"]:
         raise SystemExit("--speedup and --sweep exclude each other")
+    if s["matrix"] and (s["speedup"] is not None or s["sweep"] or s["policy"] != "all"):
+        raise SystemExit("--matrix chooses its own speedups and policies")
+    if int(s["workers"]) < 1:  # type: ignore[call-overload]
+        raise SystemExit(f"--workers must be >= 1: {s['workers']}")
     return s
 
 
@@ -117,13 +129,16 @@ def _row(s: Mapping[str, object], policy: str, config: SimConfig, result: SimRes
 
 
 def run(options: SuiteOptions) -> list[Row]:
-    """Simulates every (policy, speedup); one row each.
+    """Simulates every (policy, speedup); one row each. With ``--matrix``, the rows of
+    `scheduler_matrix.run_matrix` instead.
 
     Args:
         options: ``quick`` replays the first 800 requests at two speedups; the suite's own
             flags (`add_arguments`) come in ``extra``.
     """
     s = _settings(options)
+    if s["matrix"]:
+        return scheduler_matrix.run_matrix(s, options.quick, int(s["workers"]))  # type: ignore[call-overload]
     requests = load_requests(Path(str(s["trace"])), QUICK_REQUESTS if options.quick else None)
     policies = list(SCHEDULING_POLICIES) if s["policy"] == "all" else [str(s["policy"])]
     speedups = _speedups(s, options.quick)
@@ -138,7 +153,10 @@ def run(options: SuiteOptions) -> list[Row]:
 
 def exit_status(rows: list[Row]) -> int:
     """1 when the conductor misses a target at an overloaded speedup (`scheduler_targets`);
-    the targets are defined on the default sweep, so any other run passes."""
+    the targets are defined on the default sweep, so any other run passes. A `--matrix` run
+    fails where cache-aware-predictive loses a cell (`scheduler_matrix`)."""
+    if scheduler_matrix.is_matrix(rows):
+        return scheduler_matrix.exit_status(rows)
     if {float(r["speedup"]) for r in rows} != set(SWEEP):  # type: ignore[arg-type]
         return 0
     return scheduler_targets.exit_status(rows)
@@ -153,6 +171,8 @@ def _overloaded_speedup(rows: Sequence[Row]) -> float:
 
 def plot(rows: list[Row], path: Path) -> None:
     """Goodput vs speedup per policy; decode load over time at one overloaded speedup."""
+    if scheduler_matrix.is_matrix(rows):
+        raise SystemExit("--plot draws the speedup sweep; the matrix has its summary table")
     first = rows[0]
     s = {**DEFAULTS, **{k: first[k] for k in ("trace", "prefill", "decode", "profile", "seed")}}
     s["ttft_slo_s"], s["tbt_slo_ms"] = first["ttft_slo_s"], first["tbt_slo_ms"]

@@ -1,0 +1,107 @@
+"""The robustness matrix: its speedup rule, its summary ratios and its verdict."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import scheduler_matrix as matrix
+from bench.__main__ import main
+from bench.scheduler_targets import OVERLOAD_ATTAINMENT
+from tests.test_scheduler_cost_model import UNIT
+from tests.test_scheduler_simulator import _trace
+
+
+def _cell(speedup: float, policy: str, goodput: float, wasted: int = 0, std: float = 0.1) -> dict:
+    return {
+        "trace": "t",
+        "shape": "8P+1D",
+        "speedup": speedup,
+        "policy": policy,
+        "goodput_rps": goodput,
+        "wasted_prefill_tokens": wasted,
+        "accepted_slo_attainment": 0.97 if policy == matrix.OURS else 0.5,
+        "decode_load_std": std,
+    }
+
+
+ROWS = [
+    _cell(2.0, matrix.OURS, 10.0, wasted=5, std=0.05),
+    _cell(2.0, matrix.CURRENT, 8.0, wasted=20, std=0.1),
+    _cell(2.0, "prefix-rr", 4.0, wasted=100),
+    _cell(4.0, matrix.OURS, 12.0, wasted=0, std=0.08),
+    _cell(4.0, matrix.CURRENT, 9.0, wasted=20, std=0.1),
+    _cell(4.0, "prefix-rr", 15.0, wasted=100),
+]
+
+
+def test_summary_puts_ours_over_the_best_rival_at_the_worst_speedup() -> None:
+    (row,) = matrix.summarize(ROWS)
+    assert row["speedups"] == "2 4"
+    assert row["goodput_vs_best_other"] == pytest.approx(12.0 / 15.0)
+    assert (row["at_speedup"], row["best_other"]) == (4.0, "prefix-rr")
+    assert row["waste_vs_reject"] == pytest.approx(5 / 40)  # summed over the speedups
+    assert row["std_vs_reject"] == pytest.approx(0.8)  # the worse of 0.5 and 0.8
+    assert row["min_accepted_attainment"] == 0.97
+    assert row["cells_lost"] == 1
+
+
+def test_a_lost_cell_fails_the_run() -> None:
+    assert matrix.failures(ROWS) == ["t 8P+1D 4x: prefix-rr 15 > cache-aware-predictive 12"]
+    assert matrix.exit_status(ROWS) == 1
+    assert matrix.exit_status(ROWS[:3]) == 0
+    assert matrix.is_matrix(ROWS) and not matrix.is_matrix([{"policy": "x"}])
+
+
+def test_ratios_of_nothing_wasted() -> None:
+    assert matrix._ratio(0.0, 0.0) == 1.0
+    assert matrix._ratio(3.0, 0.0) is None
+    assert matrix._ratio(3.0, 6.0) == 0.5
+
+
+@pytest.fixture
+def small(tmp_path: Path) -> tuple[dict[str, object], list[matrix.TraceSpec]]:
+    trace = tmp_path / "t.jsonl"
+    lines = [
+        {
+            "timestamp": r.timestamp_ms,
+            "input_length": r.input_len,
+            "output_length": r.output_len,
+            "hash_ids": list(r.hash_ids),
+        }
+        for r in _trace(120)
+    ]
+    trace.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    profile = tmp_path / "unit.json"
+    UNIT.save(profile)
+    settings = {"trace": trace, "ttft_slo_s": 2.0, "tbt_slo_ms": 50.0, "profile": str(profile)}
+    settings["seed"] = 0
+    return settings, [matrix.TraceSpec("small", str(trace))]
+
+
+def test_speedups_start_where_prefix_rr_falls_under_90_percent(small) -> None:
+    settings, traces = small
+    rows = matrix.run_matrix(settings, quick=False, workers=1, traces=traces, shapes=[(2, 1)])
+    speedups = sorted({float(r["speedup"]) for r in rows})  # type: ignore[arg-type]
+    onset = speedups[0]
+    assert speedups == [onset, 2 * onset, 4 * onset] and onset in matrix.LADDER
+    assert len(rows) == 3 * len(matrix.POLICIES)
+    cell = matrix.Cell(traces[0], 2, 1, onset, "prefix-rr")
+    assert matrix.simulate_cell(cell, settings).slo_attainment < OVERLOAD_ATTAINMENT
+    if onset > matrix.LADDER[0]:
+        below = cell._replace(speedup=onset / 2)
+        assert matrix.simulate_cell(below, settings).slo_attainment >= OVERLOAD_ATTAINMENT
+
+
+def test_processes_give_the_same_rows(small) -> None:
+    settings, traces = small
+    one = matrix.run_matrix(settings, quick=True, workers=1, traces=traces, shapes=[(2, 1)])
+    two = matrix.run_matrix(settings, quick=True, workers=2, traces=traces, shapes=[(2, 1)])
+    assert one == two and len(one) == len(matrix.QUICK_STEPS) * len(matrix.POLICIES)
+
+
+def test_matrix_chooses_its_own_speedups() -> None:
+    with pytest.raises(SystemExit, match="--matrix"):
+        main(["scheduler", "--matrix", "--speedup", "2"])
