@@ -1,0 +1,186 @@
+"""The conductor's pieces without processes: the live view over constructed bookkeeping (block
+ids, prefill queues, decode batches, the pool match), the policies deciding on it, the roles,
+the byte tokenizer, request parsing and the metrics."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu_engine.config import EngineConfig
+from kvstore.errors import InvalidArgumentError
+from kvstore.keys import block_keys
+from kvstore.scheduler import SLO, Accept, PolicyContext, Reject, RejectReason
+from kvstore.scheduler.cost_model import CostModel
+from kvstore.scheduler.front.completion import CompletionOutcome
+from kvstore.scheduler.front.conductor import Roles
+from kvstore.scheduler.front.http_api import parse_request
+from kvstore.scheduler.front.live_view import (
+    LiveCluster,
+    LiveDecode,
+    LivePrefill,
+    block_id,
+    prompt_blocks,
+)
+from kvstore.scheduler.front.metrics import ConductorMetrics
+from kvstore.scheduler.front.tokenizer import REPLACEMENT, ByteTokenizer, Detokenizer
+from kvstore.scheduler.registry import make_scheduling_policy
+from kvstore.scheduler.request import SchedRequest
+from tests.test_conductor_live import BLOCK, PROFILE
+
+NAMESPACE = EngineConfig().namespace  # tiny, 16-token blocks: what the engines publish in
+COST = CostModel(PROFILE)
+
+
+def _cluster(num_prefill: int = 2, num_decode: int = 1) -> LiveCluster:
+    prefills = [LivePrefill(PROFILE.prefill_cache_blocks) for _ in range(num_prefill)]
+    decodes = [LiveDecode(PROFILE.decode_kv_capacity_tokens) for _ in range(num_decode)]
+    return LiveCluster(COST, prefills, decodes)
+
+
+def _request(prompt: list[int], request_id: int = 0, now_s: float = 0.0) -> SchedRequest:
+    return SchedRequest(request_id, now_s, len(prompt), prompt_blocks(NAMESPACE, prompt).hash_ids)
+
+
+def _policy(name: str, slo: SLO | None = None):
+    return make_scheduling_policy(name, PolicyContext(COST, slo or SLO(30.0, 1.0)))
+
+
+def test_block_ids_are_the_engines_keys_and_a_partial_block_gets_its_own():
+    prompt = list(range(3 * BLOCK + 5))
+    blocks = prompt_blocks(NAMESPACE, prompt)
+    assert blocks.keys == block_keys(NAMESPACE, prompt)
+    assert list(blocks.hash_ids[:3]) == [block_id(k) for k in blocks.keys]
+    assert len(blocks.hash_ids) == 4 and blocks.num_full == 3
+    other_tail = prompt_blocks(NAMESPACE, [*prompt[:-1], 499]).hash_ids
+    assert other_tail[:3] == blocks.hash_ids[:3] and other_tail[3] != blocks.hash_ids[3]
+    assert len(prompt_blocks(NAMESPACE, prompt[: 2 * BLOCK]).hash_ids) == 2
+
+
+def test_a_prefill_queue_drains_in_real_time_and_resets_when_empty():
+    cluster = _cluster()
+    pre = cluster.prefills[0]
+    pre.enqueue(0, 1.0, 100, [1, 2])
+    pre.enqueue(1, 0.5, 40, [1, 3])
+    assert (pre.queued_s(), pre.num_queued(), pre.queued_tokens()) == (1.5, 2, 140)
+    cluster.snapshot(0.4)
+    assert pre.queued_s() == pytest.approx(1.1)
+    pre.finish(0)
+    assert pre.queued_s() == pytest.approx(1.1) and pre.queued_tokens() == 40
+    pre.finish(1)  # faster than predicted: nothing is left, so nothing is ahead
+    assert (pre.queued_s(), pre.num_queued()) == (0.0, 0)
+    assert pre.cached_prefix([1, 2, 9]) == 2 and pre.cached_prefix([1, 3]) == 2
+    cluster.snapshot(0.1)  # never backwards
+    assert cluster.now_s == 0.4
+
+
+def test_a_decode_instance_counts_incoming_then_running_context():
+    dec = LiveDecode(1000)
+    dec.expect(7, 2.5, 100)
+    assert dec.incoming()[0] == (2.5, 100) and dec.context_tokens() == 0
+    dec.start(7, 100, 1)
+    dec.advance(7, 4)
+    assert dec.incoming() == [] and dec.running() == [(105, 5)]
+    assert dec.context_tokens() == 105
+    dec.finish(7)
+    assert dec.running() == [] and dec.kv_capacity_tokens == 1000
+
+
+def test_the_pool_is_the_match_of_the_request_being_decided():
+    cluster = _cluster()
+    ids = (11, 12, 13, 14)
+    cluster.set_pool_match(ids, 3)
+    assert cluster.pool_prefix(ids) == 3 and cluster.pool_prefix(ids, 1) == 2
+    assert cluster.pool_prefix((11, 99)) == 1
+    cluster.snapshot(1.0)
+    assert cluster.pool_prefix(ids) == 0
+
+
+def test_cache_aware_routes_to_the_engine_caching_the_prefix_unless_its_queue_costs_more():
+    prompt = list(range(40 * BLOCK))
+    req = _request(prompt)
+    cluster = _cluster()
+    cluster.prefills[1].enqueue(0, 0.0, 0, req.hash_ids[:40])
+    decision = _policy("cache-aware").decide(req, cluster)
+    assert isinstance(decision, Accept) and decision.prefill == 1
+    cluster.prefills[1].enqueue(1, 5.0, 640, [])  # 5 s ahead: computing anew is faster
+    assert _policy("cache-aware").decide(req, cluster).prefill == 0
+
+
+def test_predictive_admission_refuses_a_second_decoding_sequence_over_the_tbt_slo():
+    cluster = _cluster()
+    cluster.decodes[0].start(0, 40, 2)
+    policy = _policy("cache-aware-predictive", SLO(30.0, 0.025))
+    decision = policy.decide(_request(list(range(20))), cluster)
+    assert isinstance(decision, Reject) and decision.reason is RejectReason.TBT
+    assert decision.predicted == pytest.approx(0.03) and decision.limit == 0.025
+    assert decision.retry_after_s is not None and decision.retry_after_s >= 0
+    cluster.decodes[0].finish(0)
+    assert isinstance(policy.decide(_request(list(range(20))), cluster), Accept)
+
+
+def test_round_robin_takes_prefill_engines_in_turn():
+    cluster, policy = _cluster(), _policy("round-robin")
+    picks = [policy.decide(_request([1, 2, 3], i), cluster).prefill for i in range(4)]
+    assert picks == [0, 1, 0, 1]
+
+
+def test_roles_come_from_the_engines_and_a_mix_is_refused():
+    assert Roles.of(["prefill", "decode", "prefill"]) == Roles((0, 2), (1,), False)
+    assert Roles.of(["both", "both"]) == Roles((0, 1), (0, 1), True)
+    for bad in (["prefill"], ["both", "decode"], ["decode"], []):
+        with pytest.raises(InvalidArgumentError):
+            Roles.of(bad)
+
+
+def test_the_tokenizer_maps_utf8_bytes_and_replaces_what_has_no_text():
+    tok = ByteTokenizer()
+    text = "héllo ✓"
+    assert tok.encode(text) == list(text.encode()) and tok.decode(tok.encode(text)) == text
+    assert tok.decode([104, 300, 105]) == f"h{REPLACEMENT}i"
+    detok = Detokenizer()
+    pieces = [detok.feed([b]) for b in "✓".encode()]
+    assert pieces == ["", "", "✓"]
+    assert Detokenizer().feed([0xE2], final=True) == REPLACEMENT
+
+
+def test_requests_parse_from_openai_bodies_and_slo_headers():
+    tok, slo = ByteTokenizer(), SLO(30.0, 0.1)
+    r = parse_request({"prompt": "ab", "max_tokens": 3}, {}, slo, tok)
+    assert (r.prompt_token_ids, r.max_tokens, r.temperature, r.seed) == ((97, 98), 3, 1.0, None)
+    r = parse_request({"prompt": [[5, 6]], "temperature": 0, "seed": 1}, {}, slo, tok)
+    assert (r.prompt_token_ids, r.temperature, r.seed, r.slo) == ((5, 6), 0.0, 1, slo)
+    headers = {"x-slo-ttft-ms": "250", "x-slo-tbt-ms": "20"}
+    assert parse_request({"prompt": "a"}, headers, slo, tok).slo == SLO(0.25, 0.02)
+    bad = [
+        {"prompt": ""}, {"prompt": "a", "n": 2}, {"prompt": [1, -2]},
+        {"prompt": "a", "max_tokens": 0}, {"prompt": "a", "temperature": -1},
+        {"prompt": ["a", "b"]}, [],
+    ]  # fmt: skip
+    for body in bad:
+        with pytest.raises(InvalidArgumentError):
+            parse_request(body, {}, slo, tok)
+    with pytest.raises(InvalidArgumentError):
+        parse_request({"prompt": "a"}, {"x-slo-ttft-ms": "-1"}, slo, tok)
+
+
+def test_metrics_count_routed_rejected_and_the_ttft_error():
+    metrics = ConductorMetrics(["e0", "e1"])
+    metrics.observe(CompletionOutcome(0, Reject(RejectReason.TTFT, 2.0, 1.0, None), 10, 0.0))
+    served = CompletionOutcome(
+        1, None, 10, 0.0, prefill=0, decode=1, predicted_ttft_s=0.2, ttft_s=0.25, tbt_s=0.01,
+        output_token_ids=(1, 2, 3), finish_reason="length",
+    )  # fmt: skip
+    metrics.observe(served)
+    reg = metrics.registry
+    assert (
+        reg.get_sample_value("kvstore_conductor_rejected_requests_total", {"reason": "ttft"}) == 1
+    )
+    routed = {"prefill": "e0", "decode": "e1"}
+    assert reg.get_sample_value("kvstore_conductor_routed_requests_total", routed) == 1
+    error = "kvstore_conductor_ttft_error_seconds_bucket"  # -0.05 s: predicted too low
+    assert reg.get_sample_value(error, {"le": "-0.1"}) == 0
+    assert reg.get_sample_value(error, {"le": "-0.025"}) == 1
+    cluster = _cluster(1, 1)
+    cluster.prefills[0].enqueue(5, 2.0, 10, [])
+    metrics.watch(cluster, [0], [1])
+    assert reg.get_sample_value("kvstore_conductor_engine_queued_seconds", {"engine": "e0"}) == 2.0
