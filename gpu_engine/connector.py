@@ -35,6 +35,7 @@ from gpu_engine.connector_base import BlockPages, ConnectorRequest, KVConnector
 from gpu_engine.kv_cache import KVCache
 from gpu_engine.offer_tracker import OfferTracker
 from gpu_engine.publisher import BlockPublisher, PublishStats
+from kvstore.auth import read_token_file
 from kvstore.client import TRANSPORT_CHOICES, Client
 from kvstore.config import option
 from kvstore.errors import InvalidArgumentError, KVStoreError
@@ -57,6 +58,8 @@ class StoreConnectorConfig:
     publish_timeout_s: float = option(
         10.0, "prefill role: the longest a finished request waits for its offered blocks"
     )
+    store_token_file: str = option("", "file holding the token the store knows this engine by")
+    store_tls_ca: str = option("", "PEM CA of the store's certificate: reach it over TLS")
 
     def __post_init__(self) -> None:
         if self.transport not in TRANSPORT_CHOICES:
@@ -89,7 +92,14 @@ class StoreConnector(KVConnector):
     ) -> None:
         self.config = config
         self._clock = clock
-        self._client = Client(config.store, timeout_s=config.timeout_s, transport=config.transport)
+        token = read_token_file(config.store_token_file) if config.store_token_file else ""
+        self._client = Client(
+            config.store,
+            timeout_s=config.timeout_s,
+            transport=config.transport,
+            auth_token=token,
+            tls_ca=config.store_tls_ca,
+        )
         self._namespace_id: bytes | None = None
         self._skip_until = 0.0
         self._num_loaded = 0

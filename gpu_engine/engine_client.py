@@ -14,6 +14,7 @@ from gpu_engine.runner import EngineLoad
 from gpu_engine.sampling import SamplingParams
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.auth import open_channel
 from kvstore.client_common import raise_rpc_error
 from kvstore.errors import UnavailableError
 
@@ -49,12 +50,16 @@ class EngineClient:
     Args:
         address: "host:port" of `kvstore engine`.
         timeout_s: deadline of a whole Generate stream or a Load call.
+        auth_token: bearer token, for an engine started with --auth-token-file.
+        tls_ca: PEM CA of the engine's certificate: connect over TLS.
     """
 
-    def __init__(self, address: str, timeout_s: float = 600.0) -> None:
+    def __init__(
+        self, address: str, timeout_s: float = 600.0, auth_token: str = "", tls_ca: str = ""
+    ) -> None:
         self.address = address
         self.timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(address)
+        self._channel = open_channel(address, auth_token=auth_token, tls_ca=tls_ca)
         self._stub = pb_grpc.EngineServiceStub(self._channel)
 
     def __enter__(self) -> EngineClient:

@@ -38,14 +38,15 @@ from gpu_engine.sampling import SamplingParams
 from kvstore import errors
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.auth import ListenerSecurity, TokenInterceptor
 from kvstore.config import option
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class EngineServiceConfig:
-    """Where the engine listens."""
+class EngineServiceConfig(ListenerSecurity):
+    """Where the engine listens (and, from `ListenerSecurity`, who may call it)."""
 
     host: str = option("127.0.0.1", "address to listen on")
     port: int = option(50061, "gRPC port of the EngineService; 0 picks a free one")
@@ -57,6 +58,7 @@ class EngineServiceConfig:
             raise errors.InvalidArgumentError(f"port must be in [0, 65536), got {self.port}")
         if self.max_workers <= 0:
             raise errors.InvalidArgumentError("max_workers must be > 0")
+        self.check_security()
 
     @property
     def address(self) -> str:
@@ -155,9 +157,12 @@ class EngineServer:
         self.config = config
         self.connector = StoreConnector(connector_config) if connector_config.store else None
         self.runner = EngineRunner(Engine(engine_config, self.connector), self.connector)
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.max_workers))
+        auth = config.authenticator()
+        interceptors = [TokenInterceptor(auth)] if auth.is_enabled else []
+        pool = futures.ThreadPoolExecutor(max_workers=config.max_workers)
+        self._server = grpc.server(pool, interceptors=interceptors)
         pb_grpc.add_EngineServiceServicer_to_server(EngineServicer(self.runner), self._server)
-        self.port = self._server.add_insecure_port(config.address)
+        self.port = config.add_port(self._server, config.address)
 
     @property
     def address(self) -> str:
@@ -187,6 +192,7 @@ def serve_engine(
     config: EngineServiceConfig,
 ) -> None:
     """Runs an engine process until SIGTERM or SIGINT, then lets streams finish and exits."""
+    config.check_exposure(config.host)
     server = EngineServer(engine_config, connector_config, config).start()
     logger.info(
         "event=engine_serving address=%s model=%s store=%s",

@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry
 from kvstore import grpc_service, wire
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
-from kvstore.auth import Authenticator, TokenTable, check_exposure, server_credentials
+from kvstore.auth import ListenerSecurity
 from kvstore.config import option, parse_bytes
 from kvstore.dataplane.base import DataPlaneServer
 from kvstore.errors import InvalidArgumentError, KVStoreError, UnavailableError
@@ -40,8 +40,8 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class ServerConfig:
-    """Where and how the gRPC service listens."""
+class ServerConfig(ListenerSecurity):
+    """Where and how the gRPC service listens (and, from `ListenerSecurity`, who may call)."""
 
     host: str = option("127.0.0.1", "address to listen on")
     port: int = option(50051, "gRPC port (0 picks a free one)")
@@ -65,11 +65,6 @@ class ServerConfig:
         300.0, "a data-plane connection silent this long is dropped (clients ping every 30 s)"
     )
     metrics_port: int = option(0, "port of the Prometheus /metrics endpoint on --host (0: off)")
-    auth_token_file: str = option("", "file of 'TENANT TOKEN' lines; calls need a known token")
-    tls_cert: str = option("", "PEM certificate chain: serve gRPC over TLS")
-    tls_key: str = option("", "PEM private key of --tls-cert")
-    tls_client_ca: str = option("", "PEM CA that client certificates must chain to (mutual TLS)")
-    insecure: bool = option(False, "allow a non-loopback --host without --auth-token-file")
 
     def __post_init__(self) -> None:
         for name in ("port", "metrics_port"):
@@ -85,26 +80,7 @@ class ServerConfig:
             raise InvalidArgumentError("data-plane timeouts must be positive")
         if not 0 < self.chunk_bytes < self.max_message_bytes:
             raise InvalidArgumentError("chunk_bytes must be positive and below max_message_bytes")
-        if bool(self.tls_cert) != bool(self.tls_key):
-            raise InvalidArgumentError("--tls-cert and --tls-key go together")
-        if self.tls_client_ca and not self.tls_cert:
-            raise InvalidArgumentError("--tls-client-ca needs --tls-cert and --tls-key")
-
-    def authenticator(self) -> Authenticator:
-        """Reads --auth-token-file (InvalidArgumentError naming what is wrong with it)."""
-        table = TokenTable.load(self.auth_token_file) if self.auth_token_file else None
-        return Authenticator(table)
-
-    def check_exposure(self) -> None:
-        """Refuses a non-loopback --host without authentication unless --insecure."""
-        check_exposure(self.host, bool(self.auth_token_file), bool(self.tls_cert), self.insecure)
-
-    def add_port(self, server: grpc.aio.Server) -> int:
-        """Binds --host:--port, with TLS when a certificate is given; returns the port."""
-        if not self.tls_cert:
-            return server.add_insecure_port(self.address)
-        creds = server_credentials(self.tls_cert, self.tls_key, self.tls_client_ca)
-        return server.add_secure_port(self.address, creds)
+        self.check_security()
 
     @property
     def address(self) -> str:
@@ -299,7 +275,7 @@ async def start_server(
     health_service = health_pb2.DESCRIPTOR.services_by_name["Health"]
     # Health stays open: probes carry no tokens, and it tells nothing about any namespace.
     grpc_service.register(server, health_servicer, health_service, health_pb2)
-    port = config.add_port(server)
+    port = config.add_port(server, config.address)
     await server.start()
     for service in ("", wire.SERVICE_NAME):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
@@ -308,7 +284,7 @@ async def start_server(
 
 async def serve(store_config: StoreConfig, config: ServerConfig) -> None:
     """Runs a store node until SIGTERM or SIGINT, then drains in-flight calls and exits."""
-    config.check_exposure()
+    config.check_exposure(config.host)
     store = Store(store_config)
     dataplane = make_dataplane(store, config)
     metrics = start_metrics(store, config)

@@ -62,3 +62,14 @@ def test_config_reads_publish_buffers_and_rejects_bad_numbers():
 )
 def test_only_a_fully_received_prefix_counts_as_loaded(found, expected):
     assert loaded_prefix_len(found) == expected
+
+
+def test_config_reads_the_store_token_from_its_file(tmp_path):
+    path = tmp_path / "token"
+    path.write_text("\n  token-of-the-vllm-server-01  \n")
+    config = ConnectorConfig.from_extra_config({"kvstore.auth_token_file": str(path)})
+    assert config.auth_token() == "token-of-the-vllm-server-01"
+    assert ConnectorConfig().auth_token() == ""
+    missing = ConnectorConfig.from_extra_config({"kvstore.auth_token_file": str(tmp_path / "x")})
+    with pytest.raises(InvalidArgumentError, match="cannot read the token file"):
+        missing.auth_token()

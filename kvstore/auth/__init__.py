@@ -5,12 +5,16 @@ client opens with its token and trust roots (`open_channel`, `open_aio_channel`)
 from kvstore.auth.authenticator import ANONYMOUS, Authenticator
 from kvstore.auth.channels import open_aio_channel, open_channel, read_token_file
 from kvstore.auth.exposure import check_exposure, is_loopback
+from kvstore.auth.interceptor import TokenInterceptor
+from kvstore.auth.listener import ListenerSecurity
 from kvstore.auth.tls import server_credentials
 from kvstore.auth.tokens import TokenTable
 
 __all__ = [
     "ANONYMOUS",
     "Authenticator",
+    "ListenerSecurity",
+    "TokenInterceptor",
     "TokenTable",
     "check_exposure",
     "is_loopback",

@@ -117,7 +117,11 @@ class KVStoreConnector(KVConnectorBase_V1):
         self.config = ConnectorConfig.from_extra_config(extra)
         self.block_tokens = vllm_config.cache_config.block_size
         self._client = Client(
-            self.config.address, timeout_s=self.config.timeout_s, transport=self.config.transport
+            self.config.address,
+            timeout_s=self.config.timeout_s,
+            transport=self.config.transport,
+            auth_token=self.config.auth_token(),
+            tls_ca=self.config.tls_ca,
         )
         # Scheduler state.
         self._namespaces: dict[str, Namespace] = {}  # cache_salt -> registered namespace

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvstore.auth import read_token_file
 from kvstore.client import TRANSPORT_CHOICES
 from kvstore.errors import InvalidArgumentError
 
@@ -26,6 +27,9 @@ class ConnectorConfig:
         save: publish computed prompt blocks to the store.
         publish_buffers: host staging blocks for publishing (allocated at start, each one
             store block); blocks computed while all are taken are dropped and counted.
+        auth_token_file: file holding the token the store knows this server by (a store
+            started with --auth-token-file refuses calls without one).
+        tls_ca: PEM CA of the store's certificate: reach it over TLS.
     """
 
     address: str = "127.0.0.1:50051"
@@ -34,6 +38,8 @@ class ConnectorConfig:
     transport: str = "auto"
     save: bool = True
     publish_buffers: int = 512
+    auth_token_file: str = ""
+    tls_ca: str = ""
 
     def __post_init__(self) -> None:
         if ":" not in self.address:
@@ -44,6 +50,10 @@ class ConnectorConfig:
             raise InvalidArgumentError(f"transport must be one of {TRANSPORT_CHOICES}")
         if self.publish_buffers <= 0:
             raise InvalidArgumentError("publish_buffers must be > 0")
+
+    def auth_token(self) -> str:
+        """The token in `auth_token_file`, or "" without one."""
+        return read_token_file(self.auth_token_file) if self.auth_token_file else ""
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any]) -> ConnectorConfig:
