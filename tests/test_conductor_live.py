@@ -31,29 +31,11 @@ from gpu_engine.sampling import SamplingParams
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.scheduler.front.tokenizer import ByteTokenizer
-from kvstore.scheduler.profile import CostProfile
 from tests.conftest import free_port, start_store, wait_until
+from tests.test_conductor_view import BLOCK, PROFILE
 
 openai = pytest.importorskip("openai")
 
-BLOCK = 16
-# Step time 10 ms + 10 ms per sequence: one decoding sequence fits a 25 ms TBT SLO, two do not.
-PROFILE = CostProfile(
-    name="test: fixed coefficients",
-    block_tokens=BLOCK,
-    kv_bytes_per_token=512,
-    prefill_overhead_s=0.001,
-    prefill_s_per_token=1e-5,
-    prefill_s_per_token_pair=0.0,
-    decode_step_overhead_s=0.01,
-    decode_s_per_seq=0.01,
-    decode_s_per_context_token=0.0,
-    pool_bandwidth_bytes_per_s=1e9,
-    transfer_latency_s=0.001,
-    decode_kv_capacity_tokens=16384,
-    prefill_cache_blocks=1024,
-    pool_capacity_blocks=100_000,
-)
 LONG_TOKENS = 1500  # a request that keeps decoding while another one is decided
 
 

@@ -23,10 +23,28 @@ from kvstore.scheduler.front.live_view import (
 )
 from kvstore.scheduler.front.metrics import ConductorMetrics
 from kvstore.scheduler.front.tokenizer import REPLACEMENT, ByteTokenizer, Detokenizer
+from kvstore.scheduler.profile import CostProfile
 from kvstore.scheduler.registry import make_scheduling_policy
 from kvstore.scheduler.request import SchedRequest
-from tests.test_conductor_live import BLOCK, PROFILE
 
+BLOCK = 16
+# Step time 10 ms + 10 ms per sequence: one decoding sequence fits a 25 ms TBT SLO, two do not.
+PROFILE = CostProfile(
+    name="test: fixed coefficients",
+    block_tokens=BLOCK,
+    kv_bytes_per_token=512,
+    prefill_overhead_s=0.001,
+    prefill_s_per_token=1e-5,
+    prefill_s_per_token_pair=0.0,
+    decode_step_overhead_s=0.01,
+    decode_s_per_seq=0.01,
+    decode_s_per_context_token=0.0,
+    pool_bandwidth_bytes_per_s=1e9,
+    transfer_latency_s=0.001,
+    decode_kv_capacity_tokens=16384,
+    prefill_cache_blocks=1024,
+    pool_capacity_blocks=100_000,
+)
 NAMESPACE = EngineConfig().namespace  # tiny, 16-token blocks: what the engines publish in
 COST = CostModel(PROFILE)
 
