@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 import grpc
+from prometheus_client import CollectorRegistry
 
 from gpu_engine.config import EngineConfig
 from gpu_engine.connector import StoreConnector, StoreConnectorConfig
@@ -40,6 +41,7 @@ from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.auth import ListenerSecurity, TokenInterceptor
 from kvstore.config import option
+from kvstore.metrics import EngineMetrics, MetricsExporter
 
 logger = logging.getLogger(__name__)
 
@@ -52,10 +54,12 @@ class EngineServiceConfig(ListenerSecurity):
     port: int = option(50061, "gRPC port of the EngineService; 0 picks a free one")
     max_workers: int = option(64, "gRPC threads: the most Generate streams served at once")
     grace_s: float = option(5.0, "on SIGTERM, how long running streams may finish")
+    metrics_port: int = option(0, "port of the Prometheus /metrics endpoint on --host (0: off)")
 
     def __post_init__(self) -> None:
-        if not 0 <= self.port < 65536:
-            raise errors.InvalidArgumentError(f"port must be in [0, 65536), got {self.port}")
+        for name in ("port", "metrics_port"):
+            if not 0 <= getattr(self, name) < 65536:
+                raise errors.InvalidArgumentError(f"{name} must be in [0, 65536)")
         if self.max_workers <= 0:
             raise errors.InvalidArgumentError("max_workers must be > 0")
         self.check_security()
@@ -112,8 +116,9 @@ def _response(out: RequestOutput, num_sent: int, return_logits: bool) -> pb.Gene
 class EngineServicer(pb_grpc.EngineServiceServicer):
     """Generate and Load over one `EngineRunner`."""
 
-    def __init__(self, runner: EngineRunner) -> None:
+    def __init__(self, runner: EngineRunner, metrics: EngineMetrics | None = None) -> None:
         self.runner = runner
+        self.metrics = metrics
 
     def Generate(
         self, request: pb.GenerateRequest, context: grpc.ServicerContext
@@ -133,6 +138,8 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
             yield _response(out, num_sent, request.return_logits)
             num_sent = len(out.output_token_ids)
             if out.finished:
+                if self.metrics is not None:
+                    self.metrics.finished(out)
                 return
 
     def Load(self, request: pb.LoadRequest, context: grpc.ServicerContext) -> pb.LoadResponse:
@@ -161,7 +168,14 @@ class EngineServer:
         interceptors = [TokenInterceptor(auth)] if auth.is_enabled else []
         pool = futures.ThreadPoolExecutor(max_workers=config.max_workers)
         self._server = grpc.server(pool, interceptors=interceptors)
-        pb_grpc.add_EngineServiceServicer_to_server(EngineServicer(self.runner), self._server)
+        self._exporter: MetricsExporter | None = None
+        metrics = None
+        if config.metrics_port:
+            registry = CollectorRegistry()
+            metrics = EngineMetrics(registry, self.runner.load)
+            self._exporter = MetricsExporter(registry, config.host, config.metrics_port)
+        servicer = EngineServicer(self.runner, metrics)
+        pb_grpc.add_EngineServiceServicer_to_server(servicer, self._server)
         self.port = config.add_port(self._server, config.address)
 
     @property
@@ -171,10 +185,19 @@ class EngineServer:
     def start(self) -> EngineServer:
         self.runner.start()
         self._server.start()
+        if self._exporter is not None:
+            self._exporter.start()
         return self
+
+    @property
+    def metrics_port(self) -> int:
+        """The port of /metrics; 0 with metrics off."""
+        return self._exporter.port if self._exporter is not None else 0
 
     def stop(self, grace_s: float | None = None) -> None:
         self._server.stop(grace_s).wait()
+        if self._exporter is not None:
+            self._exporter.stop()
         self.runner.stop()
         if self.connector is not None:
             self.connector.close()
