@@ -128,6 +128,9 @@ def run(options: SuiteOptions) -> list[Row]:
     extra = extra_of(options)
     size = SIZES[options.quick]
     wanted = str(extra.get("systems") or ",".join(s.name for s in SYSTEMS)).split(",")
+    recompute = next(s for s in SYSTEMS if s.name == "recompute")
+    if (hint := recompute.missing()) is not None:
+        raise SystemExit(f"kvstore-bench vllm: {hint}")  # the baseline every row needs
     workdir = Path(tempfile.mkdtemp(prefix="kvstore-bench-vllm-"))
     model_dir = extra.get("model_dir") or workdir / f"model-{size['model']}"
     _build_model(Path(str(model_dir)), size["model"])
@@ -138,6 +141,9 @@ def run(options: SuiteOptions) -> list[Row]:
             log.warning(
                 "event=system_skipped system=%s reason=needs a CUDA or XPU GPU", system.name
             )
+            continue
+        if (hint := system.missing()) is not None:
+            log.warning("event=system_skipped system=%s reason=%r", system.name, hint)
             continue
         try:
             results[system.name] = _run_system(system, str(model_dir), wl, size, workdir)

@@ -65,6 +65,12 @@ class System:
     def python(self) -> str:
         return str(ROOT / self.venv / "bin" / "python")
 
+    def missing(self) -> str | None:
+        """What to run to make this system's venv, or None when it is there."""
+        if (ROOT / self.venv / "bin" / ".installed").exists():
+            return None
+        return f"{self.name} needs {self.venv}: run `make {self.venv}/bin/.installed` (minutes)"
+
     @contextlib.contextmanager
     def serve(self, workdir: Path) -> Iterator[dict[str, object]]:
         """Starts the system's server (if any); yields the spec keys vLLM needs."""
