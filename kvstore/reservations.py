@@ -6,12 +6,13 @@ Its blocks are RESERVED entries of the index, each with a DRAM slot, invisible t
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kvstore import errors
 from kvstore.checksum import checksum
-from kvstore.index import Entry
+from kvstore.index import BlockState, Entry
 from kvstore.limits import OwnerCounts
 
 if TYPE_CHECKING:
@@ -68,6 +69,29 @@ class Reservation:
         self.written[index] = self.entry(reservation_id, index).nbytes
         if crc is not None:
             self.sums[index] = crc
+
+    def mark_all_written(self, reservation_id: int, crcs: Mapping[int, int]) -> None:
+        """Every block is written whole, summed to `crcs` (one per reserved block)."""
+        if set(crcs) != set(self.entries):
+            raise errors.InvalidArgumentError(
+                f"reservation {reservation_id}: sums for blocks {sorted(crcs)[:8]}, "
+                f"reserved are {sorted(self.entries)[:8]}"
+            )
+        for i, crc in crcs.items():
+            self.mark_written(reservation_id, i, crc)
+
+    def mismatched(self, crcs: Mapping[int, int], checksums: Sequence[int] | None) -> list[int]:
+        """The blocks whose sum differs from the sender's `checksums` (none if it sent none)."""
+        if checksums is None:
+            return []
+        return [i for i in crcs if crcs[i] != checksums[i]]
+
+    def seal(self, crcs: Mapping[int, int]) -> int:
+        """Marks every block committed with its CRC32C; returns the bytes committed."""
+        for i, entry in self.entries.items():
+            entry.checksum = crcs[i]
+            entry.state = BlockState.COMMITTED
+        return sum(e.nbytes for e in self.entries.values())
 
     def checksums(self) -> dict[int, int]:
         """The CRC32C of each block, summing those the node did not sum as they landed

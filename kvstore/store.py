@@ -11,7 +11,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kvstore import chains, errors, requests
@@ -235,22 +235,21 @@ class Store:
     def reservation_view(
         self, reservation_id: int, index: int, owner: str = LOCAL_OWNER
     ) -> memoryview:
-        """Writable view of reserved block `index`, for a transport that receives in place.
-
-        Call `mark_written` once the whole block has arrived; the view is valid until the
-        reservation is committed, aborted or expires.
-        """
+        """Writable view of reserved block `index`, for a transport that receives in place
+        (then `mark_written`); valid until the reservation is committed, aborted or expires."""
         with self._lock:
             return self._reservations.owned(reservation_id, owner).view(reservation_id, index)
+
+    def reservation_views(self, reservation_id: int, owner: str = LOCAL_OWNER) -> dict:
+        """`reservation_view` of every reserved block at once: index -> writable view."""
+        with self._lock:
+            return dict(self._reservations.owned(reservation_id, owner).views)
 
     def mark_written(
         self, reservation_id: int, index: int, crc: int | None = None, owner: str = LOCAL_OWNER
     ) -> None:
-        """Records that reserved block `index` was written whole through its view.
-
-        `crc`: the CRC32C of the slot, computed by this node once the write completed (a
-        transport that sums each block as it lands); `commit` then does not sum it again.
-        """
+        """Records that reserved block `index` was written whole through its view; `crc`: the
+        CRC32C of the slot that this node computed as it landed (`commit` then reuses it)."""
         with self._lock:
             res = self._reservations.owned(reservation_id, owner)
             res.mark_written(reservation_id, index, crc)
@@ -260,6 +259,7 @@ class Store:
         reservation_id: int,
         checksums: Sequence[int] | None = None,
         owner: str = LOCAL_OWNER,
+        written: Mapping[int, int] | None = None,
     ) -> int:
         """Makes every block of the reservation readable; returns how many it committed.
 
@@ -269,30 +269,24 @@ class Store:
                 it. On any mismatch the reservation is aborted and ChecksumMismatchError
                 raised: altered or short bytes are never committed. `NO_RESERVATION`
                 commits nothing.
+            written: from a transport that received every block in place (through
+                `reservation_views`), the CRC32C it computed of each (index -> sum, one per
+                reserved block, else InvalidArgumentError): each is marked written and the
+                batch commits under one hold of the lock, summing nothing again.
         """
         if reservation_id == NO_RESERVATION:
             return 0
         with self._lock:
             res = self._reservations.owned(reservation_id, owner)
+            if written is not None:
+                res.mark_all_written(reservation_id, written)
+                return self._commit_summed(reservation_id, res, dict(written), checksums)
             res.check_complete()
         crcs = res.checksums()  # outside the lock: the checksum releases the GIL
         with self._lock:
             if self._reservations.get(reservation_id) is not res:
                 raise errors.UnknownReservationError(f"reservation {reservation_id} expired")
-            bad = [i for i in crcs if checksums is not None and crcs[i] != checksums[i]]
-            if bad:
-                self.abort(reservation_id, owner)
-                raise errors.ChecksumMismatchError(
-                    f"blocks {bad[:8]} arrived short or altered (bad checksum); nothing committed"
-                )
-            self._reservations.close(reservation_id)
-            for i, entry in res.entries.items():
-                entry.checksum = crcs[i]
-                entry.state = BlockState.COMMITTED
-                self._counters.bytes_written += entry.nbytes
-            self._tiering.on_commit(list(res.entries.values()))
-            self._counters.blocks_committed += len(res.entries)
-            return len(res.entries)
+            return self._commit_summed(reservation_id, res, crcs, checksums)
 
     def abort(self, reservation_id: int, owner: str = LOCAL_OWNER) -> None:
         """Drops a reservation and frees its slots (nothing for `NO_RESERVATION`)."""
@@ -362,6 +356,22 @@ class Store:
         if entry is None:
             return PutStatus.RESERVED
         return PutStatus.PRESENT if entry.is_readable else PutStatus.IN_FLIGHT
+
+    def _commit_summed(
+        self, rid: int, res: Reservation, crcs: dict[int, int], checksums: Sequence[int] | None
+    ) -> int:
+        """Commits `res` (open, written whole, its slots summed to `crcs`); under the lock."""
+        bad = res.mismatched(crcs, checksums)
+        if bad:
+            self.abort(rid, res.owner)
+            raise errors.ChecksumMismatchError(
+                f"blocks {bad[:8]} arrived short or altered (bad checksum); nothing committed"
+            )
+        self._reservations.close(rid)
+        self._counters.bytes_written += res.seal(crcs)
+        self._tiering.on_commit(list(res.entries.values()))
+        self._counters.blocks_committed += len(res.entries)
+        return len(res.entries)
 
     def _drop_reservation(self, res: Reservation) -> None:
         for entry in res.entries.values():

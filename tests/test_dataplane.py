@@ -114,7 +114,7 @@ def test_wrong_buffer_size_is_rejected_and_store_keeps_serving(ucx):
 
 def test_wrong_checksum_is_never_committed(ucx, monkeypatch):
     keys = _chain(4, seed=6)
-    monkeypatch.setattr(ucx_client, "_checksum", lambda buf: 12345)
+    monkeypatch.setattr(ucx_client, "_checksums", lambda bufs: (12345,) * len(bufs))
     with pytest.raises(ChecksumMismatchError, match="nothing committed"):
         ucx.put_chain(NS.id, keys, _blocks(4, seed=6))
     assert ucx.match(NS.id, keys).num_matched == 0
@@ -188,3 +188,50 @@ def test_closing_a_client_stops_its_worker_cleanly(store):
     )
     assert done.returncode == 0, done.stderr
     assert "should be explicitly stopped" not in done.stdout + done.stderr
+
+
+def test_eager_puts_store_only_new_blocks_and_keep_present_ones(ucx):
+    """After a first put, puts of the namespace send their blocks without waiting for the
+    reply; blocks of present keys are drained by the node, never stored over the old."""
+    keys, blocks = _chain(8, seed=9), _blocks(8, seed=9)
+    assert ucx.put_chain(NS.id, keys[:4], blocks[:4]).num_stored == 4
+    others = _blocks(8, seed=10)  # other bytes under the present keys: must not land
+    mixed = [*others[:4], *blocks[4:]]
+    result = ucx.put_chain(NS.id, keys, mixed)
+    assert (result.num_stored, result.num_present) == (4, 4)
+    out = [np.zeros(NS.block_bytes, np.uint8) for _ in keys]
+    assert ucx.get_into(NS.id, keys, out) == (True,) * 8
+    assert all((o == b).all() for o, b in zip(out, blocks, strict=True))
+    # Mostly present: the next put waits for the reply and sends the one new block only.
+    keys9, block9 = _chain(9, seed=9), _blocks(9, seed=9)
+    assert ucx.put_chain(NS.id, keys9, [*others, block9[8]]).num_stored == 1
+    assert ucx.get_into(NS.id, keys9[8:], out[:1]) == (True,)
+    assert (out[0] == block9[8]).all()
+    _check_clean(ucx)
+
+
+def test_eager_put_refused_by_a_full_node_is_drained_and_the_connection_lives():
+    """A refused eager put already sent its blocks: the node drains them, the client gets
+    the typed error (not a timeout) and keeps its connection."""
+    from kvstore.server import EmbeddedServer, ServerConfig
+    from kvstore.store_config import StoreConfig
+
+    big = Namespace("llama-dp-big", KVLayout("float16", 4, 8, 128, 16))  # 256 KiB blocks
+    store_config = StoreConfig(dram_bytes=8 << 20, slab_bytes=1 << 20)  # 32 blocks
+    with (
+        EmbeddedServer(store_config, ServerConfig(port=0, transfer_timeout_s=5.0)) as node,
+        Client(node.address, timeout_s=30.0, transport="ucx") as client,
+    ):
+        client.register_namespace(big)
+        keys = block_keys(big, np.arange(40 * big.block_tokens))
+        blocks = [np.full(big.block_bytes, i, np.uint8) for i in range(40)]
+        assert client.put_chain(big.id, keys[:1], blocks[:1]).num_stored == 1
+        client_id = client.data_plane().client_id
+        with pytest.raises(errors.StoreFullError):
+            client.put_chain(big.id, keys[1:], blocks[1:], parent=keys[0])
+        stored = client.put_chain(big.id, keys[:3], blocks[:3])  # the refusal evicted keys[0]
+        assert stored.num_stored + stored.num_present == 3
+        out = [np.zeros(big.block_bytes, np.uint8) for _ in range(3)]
+        assert client.get_into(big.id, keys[:3], out) == (True,) * 3
+        assert all((o == b).all() for o, b in zip(out, blocks[:3], strict=True))
+        assert client.data_plane().client_id == client_id

@@ -87,6 +87,7 @@ def requests(draw: st.DrawFn, max_keys: int = 40) -> Request:
         draw(u64),
         None if parents is None else tuple(parents),
         tuple(checksums),
+        draw(st.booleans()) if op is Op.PUT else False,  # eager: PUT only
     )
 
 
@@ -401,6 +402,7 @@ def frame_requests(draw: st.DrawFn) -> Request:
         draw(st.sampled_from([NS.block_bytes]) | u64),
         parents,
         tuple(sums),
+        op is Op.PUT and draw(st.booleans()),  # eager: the node drains what it does not keep
     )
 
 
@@ -510,32 +512,39 @@ def test_adversary_frames_end_only_its_own_connection(node, caplog, sends):
         min_size=3,
         max_size=3,
     ),
+    num_present=st.integers(0, 2),
+    eager=st.booleans(),
 )
-def test_adversary_puts_land_only_right_blocks(node, num_keys, blocks):
-    """The adversary's own PUT, then block messages under its block tags: right, altered,
-    short or too long for the slot, or none. The node commits exactly when every block
-    arrived right; else it commits nothing (by the transfer deadline at the latest), and
-    the connection may end."""
+def test_adversary_puts_land_only_right_blocks(node, num_keys, blocks, num_present, eager):
+    """The adversary's own PUT of `num_present` committed keys, then `num_keys` new ones,
+    then block messages under its block tags: right, altered, short or too long for the
+    slot, or none. An eager PUT also sends the present keys' blocks (which the node drains).
+    The node commits exactly when every new block arrived right; else it commits nothing
+    (by the transfer deadline at the latest), and the connection may end. Committed blocks
+    keep their bytes whatever an eager PUT sent for them."""
     if node.adversary is None:
         node.adversary = Adversary(node.rt, node.server)
     adv = node.adversary
     node.num_round_trips += 1
-    keys = [
+    new_keys = [
         hashlib.blake2b(b"adv%d.%d" % (node.num_round_trips, i)).digest()[:32]
         for i in range(num_keys)
     ]
+    keys = [*KNOWN_KEYS[:num_present], *new_keys]
     contents = [_content(k) for k in keys]
     sums = tuple(checksum(c) for c in contents)
     request_id = (1 << 40) + node.num_round_trips  # no id the other test sends frames for
     adv.send(
         frames.encode_request(
-            Request(Op.PUT, request_id, NS.id, tuple(keys), NS.block_bytes, None, sums)
+            Request(Op.PUT, request_id, NS.id, tuple(keys), NS.block_bytes, None, sums, eager)
         ),
         adv.tags.request,
     )
     tags = RequestTags.of(adv.tags, request_id)
+    for index in range(num_present) if eager else ():
+        adv.send(contents[index][::-1], tags.block(index))  # other bytes: drained, unread
     sent: dict[int, str] = {}
-    for index, how in enumerate(blocks[:num_keys]):
+    for index, how in enumerate(blocks[:num_keys], start=num_present):
         if how == "missing":
             continue
         data = {
@@ -554,12 +563,17 @@ def test_adversary_puts_land_only_right_blocks(node, num_keys, blocks):
 
     done = adv.receive_reply(tags.done, 0, TRANSFER_TIMEOUT_S + 5.0, give_up=is_gone)
     is_right = len(sent) == num_keys and all(h == "right" for h in sent.values())
-    event(f"put: {'right' if is_right else 'wrong'}, done: {done and not done.error}")
+    event(
+        f"put: {'right' if is_right else 'wrong'}, eager: {eager}, done: {done and not done.error}"
+    )
     assert (done is not None and done.error is None) == is_right
     if done is None:
         wait_until(is_gone, 10.0, "the connection ends")
     _wait_quiet(node)
-    assert node.client.get(NS.id, keys).found == (is_right,) * num_keys
+    assert node.client.get(NS.id, new_keys).found == (is_right,) * num_keys
+    if num_present:
+        present = node.client.get(NS.id, list(KNOWN_KEYS[:num_present])).blocks
+        assert [bytes(b or b"") for b in present] == contents[:num_present]
     if done is None:
         adv.close()
         node.adversary = None

@@ -446,3 +446,56 @@ def test_checksums_a_transport_computed_on_arrival_are_what_commit_compares():
     assert store.stats().checksum_failures == 0
     store.check_integrity()  # the committed blocks carry the sums, and they hold
     assert store.read(NS.id, keys) == [_payload(k) for k in keys]
+
+
+def _receive_in_place(store: Store, rid: int, keys: list[bytes]) -> dict[int, int]:
+    """What a transport does with `reservation_views`: lands each block, sums its slot."""
+    views = store.reservation_views(rid)
+    for i, view in views.items():
+        view[:] = _payload(keys[i])
+    return {i: checksum(view) for i, view in views.items()}
+
+
+def test_batch_commit_of_blocks_written_in_place_skips_present_keys():
+    store = _make_store()
+    keys = _chain(4, seed=7)
+    _put(store, keys[1:2])
+    res = store.reserve(NS.id, keys)
+    assert sorted(store.reservation_views(res.reservation_id)) == [0, 2, 3]
+    written = _receive_in_place(store, res.reservation_id, keys)
+    assert store.match(NS.id, keys).num_matched == 0  # nothing visible before the commit
+    sent = [checksum(_payload(k)) for k in keys]
+    assert store.commit(res.reservation_id, sent, written=written) == 3
+    store.check_integrity()
+    assert store.read(NS.id, keys) == [_payload(k) for k in keys]
+    assert store.stats().bytes_written == 4 * BLOCK
+
+
+def test_batch_commit_with_a_wrong_sum_commits_nothing():
+    store = _make_store()
+    keys = _chain(3, seed=8)
+    res = store.reserve(NS.id, keys)
+    written = _receive_in_place(store, res.reservation_id, keys)
+    sent = [checksum(_payload(k)) for k in keys]
+    sent[2] ^= 1  # the sender summed other bytes than its slot holds
+    with pytest.raises(errors.ChecksumMismatchError, match=r"blocks \[2\]"):
+        store.commit(res.reservation_id, sent, written=written)
+    assert store.match(NS.id, keys).num_matched == 0
+    assert store.stats().num_reservations == 0
+    store.check_integrity()
+
+
+def test_batch_commit_needs_a_sum_for_every_reserved_block():
+    store = _make_store()
+    keys = _chain(3, seed=9)
+    res = store.reserve(NS.id, keys)
+    written = _receive_in_place(store, res.reservation_id, keys)
+    del written[1]
+    with pytest.raises(errors.InvalidArgumentError, match="sums for blocks"):
+        store.commit(res.reservation_id, written=written)
+    assert store.stats().num_reservations == 1  # unchanged: it can still be committed
+    assert store.commit(res.reservation_id, written=written | {1: checksum(_payload(keys[1]))})
+    store.check_integrity()
+    with pytest.raises(errors.UnknownReservationError):
+        store.reservation_views(res.reservation_id)
+    assert store.commit(NO_RESERVATION, written={}) == 0

@@ -41,7 +41,8 @@ SECRET_BYTES = 16
 MAX_BLOCKS = 1 << 16
 _LEN = struct.Struct("<I")  # frame length, trailer included
 _CRC = struct.Struct("<I")
-_HEAD = struct.Struct("<BIQBQ")  # op, num_keys, block_bytes, has_parents, request_id
+_HEAD = struct.Struct("<BIQBQ")  # op, num_keys, block_bytes, flags, request_id
+_HAS_PARENTS, _EAGER = 1, 2  # request flags
 _REPLY = struct.Struct("<BQQI")  # is_error, reservation_id, block_bytes, num_flags
 _REQUEST_BITS = 44
 _MAX_ERROR_TEXT = 1000
@@ -103,7 +104,14 @@ class RequestTags(NamedTuple):
 
 
 class Request(NamedTuple):
-    """What a client asks: GET keys into buffers of `block_bytes`, or PUT blocks."""
+    """What a client asks: GET keys into buffers of `block_bytes`, or PUT blocks.
+
+    `eager` (PUT only): the client sends block i of every key right behind the request,
+    without waiting for the reply, so the bytes move while the node reserves; the node
+    receives the blocks of keys it did not reserve (present, in flight, or all of them after
+    an error) into scratch memory and drops them. Else only the reserved blocks follow,
+    once the client has the reply.
+    """
 
     op: Op
     request_id: int
@@ -112,6 +120,7 @@ class Request(NamedTuple):
     block_bytes: int
     parents: tuple[bytes | None, ...] | None = None
     checksums: tuple[int, ...] = ()
+    eager: bool = False
 
 
 def _seal(body: bytes) -> bytes:
@@ -149,8 +158,9 @@ def _body_bytes(op: int, num_keys: int, has_parents: bool) -> int:
 
 def encode_request(req: Request) -> bytes:
     keys = req.keys
+    flags = (_HAS_PARENTS if req.parents is not None else 0) | (_EAGER if req.eager else 0)
     parts = [
-        _HEAD.pack(req.op, len(keys), req.block_bytes, req.parents is not None, req.request_id),
+        _HEAD.pack(req.op, len(keys), req.block_bytes, flags, req.request_id),
         req.namespace_id.ljust(KEY_BYTES, b"\0")[:KEY_BYTES],
         b"".join(keys),
     ]
@@ -166,9 +176,11 @@ def decode_request(data: memoryview) -> Request:
     body = _unseal(data, "request")
     if len(body) < _HEAD.size + KEY_BYTES:
         raise errors.InvalidArgumentError(f"request body of {len(body)} bytes is too short")
-    op, num_keys, block_bytes, has_parents, request_id = _HEAD.unpack_from(body)
-    if op not in _OPS or has_parents not in (0, 1):
-        raise errors.InvalidArgumentError(f"request has unknown op {op} or flags {has_parents}")
+    op, num_keys, block_bytes, flags, request_id = _HEAD.unpack_from(body)
+    eager = bool(flags & _EAGER)
+    if op not in _OPS or flags & ~(_HAS_PARENTS | _EAGER) or (eager and op != Op.PUT):
+        raise errors.InvalidArgumentError(f"request has unknown op {op} or flags {flags}")
+    has_parents = flags & _HAS_PARENTS
     expected = _body_bytes(op, num_keys, bool(has_parents))
     if len(body) != expected:
         raise errors.InvalidArgumentError(
@@ -184,7 +196,7 @@ def decode_request(data: memoryview) -> Request:
     checksums: tuple[int, ...] = ()
     if op == Op.PUT:
         checksums = struct.unpack_from(f"<{num_keys}I", body, pos)
-    return Request(Op(op), request_id, namespace_id, keys, block_bytes, parents, checksums)
+    return Request(Op(op), request_id, namespace_id, keys, block_bytes, parents, checksums, eager)
 
 
 def _keys_at(data: memoryview, pos: int, num: int) -> tuple[tuple[bytes, ...], int]:

@@ -6,6 +6,11 @@ is derived (`frames.Tags`). Calls from any thread run on the client's own UCX lo
 calls in flight at once are pipelined over the one endpoint. An idle client pings, so the
 node keeps the connection. Every block a get receives is checked against the CRC32C the
 node sent for it; one that fails is reported missed, never as found.
+
+A put is eager (`frames.Request.eager`: its blocks follow the request at once, without
+waiting a round trip for the reply) once the node has taken a put of that namespace and
+block size, unless most blocks of the namespace's last put were present already: then only
+the reserved ones are sent, after the reply, so present blocks cost no bandwidth.
 """
 
 from __future__ import annotations
@@ -18,8 +23,8 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from kvstore import errors
-from kvstore.checksum import checksum
-from kvstore.dataplane import frames
+from kvstore.checksum import checksums
+from kvstore.dataplane import frames, transfers
 from kvstore.dataplane.base import Admission, DataPlaneClient
 from kvstore.dataplane.buffers import TransferBuffer, as_transfer_buffer, host_bytes
 from kvstore.dataplane.frames import Op, Reply, Request, RequestTags
@@ -54,6 +59,8 @@ class UcxClient(DataPlaneClient):
         )
         self._ids = itertools.count(1)
         self._ep: Any = None
+        # (namespace, block size) the node took a put of, and whether to send eagerly.
+        self._eager: dict[tuple[bytes, int], bool] = {}
         try:
             server_address, admission = handshake(self._rt.worker_address)
             self.client_id = admission.client_id
@@ -124,10 +131,11 @@ class UcxClient(DataPlaneClient):
         block_bytes: int,
     ) -> concurrent.futures.Future[ReserveResult]:
         bufs = self._checked_buffers(keys, blocks, block_bytes, writable=False)
-        checksums = tuple(_checksum(b) for b in bufs)
+        sums = _checksums(bufs)
         parents_t = tuple(parents) if parents is not None else None
+        eager = self._eager.get((namespace_id, block_bytes), False)
         req = Request(
-            Op.PUT, next(self._ids), namespace_id, tuple(keys), block_bytes, parents_t, checksums
+            Op.PUT, next(self._ids), namespace_id, tuple(keys), block_bytes, parents_t, sums, eager
         )
         return self._submit(self._put(req, bufs))
 
@@ -174,12 +182,25 @@ class UcxClient(DataPlaneClient):
     # -- protocol ------------------------------------------------------------------------
 
     async def _send_request(self, req: Request) -> None:
-        data = frames.encode_request(req)
-        await self._ep.send(data, tag=self._tags.request, force_tag=True)
+        await transfers.wait_all(self._send_request_with(req, [], []))
 
-    async def _recv_reply(self, tag: int, num_keys: int, with_checksums: bool = False) -> Reply:
+    def _send_request_with(self, req: Request, blocks: list[Any], tags: list[int]) -> list[Any]:
+        """Posts the request frame and, behind it, `blocks` under `tags`, in one pass."""
+        frame = frames.encode_request(req)
+        return transfers.post_sends(self._ep, [frame, *blocks], [self._tags.request, *tags])
+
+    def _post_reply(self, tag: int, num_keys: int) -> tuple[transfers.Posted, bytearray]:
         buf = bytearray(frames.reply_bytes(num_keys))
-        await self._ep.recv(buf, tag=tag, force_tag=True)
+        return transfers.post_receives(self._ep, [buf], [tag])[0], buf
+
+    async def _reply(
+        self,
+        posted: tuple[transfers.Posted, bytearray],
+        num_keys: int,
+        with_checksums: bool = False,
+    ) -> Reply:
+        request, buf = posted
+        await transfers.wait_one(request)
         reply = frames.decode_reply(memoryview(buf), num_keys, with_checksums)
         if reply.error is not None:
             raise reply.error
@@ -187,53 +208,60 @@ class UcxClient(DataPlaneClient):
 
     async def _get(self, req: Request, bufs: list[TransferBuffer]) -> tuple[bool, ...]:
         tags = RequestTags.of(self._tags, req.request_id)
-        reply_f = asyncio.ensure_future(self._recv_reply(tags.reply, len(req.keys), True))
-        await self._send_request(req)
-        reply = await reply_f
+        posted = self._post_reply(tags.reply, len(req.keys))
+        sent = self._send_request_with(req, [], [])
+        reply = await self._reply(posted, len(req.keys), True)
+        await transfers.wait_all(sent)  # done: the node answered it
         hits = [i for i, f in enumerate(reply.flags) if f]
         if any(f not in (0, 1) for f in reply.flags) or len(reply.checksums) != len(hits):
             raise errors.UnavailableError("data-plane get reply is malformed")
-        intact = await asyncio.gather(
-            *(
-                self._receive_block(bufs[i], tags.block(i), crc)
-                for i, crc in zip(hits, reply.checksums, strict=True)
-            )
+        targets = [bufs[i] for i in hits]
+        receives = transfers.post_receives(
+            self._ep, [b.obj for b in targets], [tags.block(i) for i in hits]
         )
+        # Each block is checked as it lands, while the later ones are still on their way.
+        sums = await transfers.summed(receives, targets, host_bytes)
         found = [False] * len(req.keys)
-        for i, ok in zip(hits, intact, strict=True):
-            found[i] = ok
+        for i, crc, want in zip(hits, sums, reply.checksums, strict=True):
+            found[i] = crc == want
+            if crc != want:
+                self.checksum_failures += 1
+                log.warning("event=ucx_checksum_failure client=%d", self.client_id)
         return tuple(found)
-
-    async def _receive_block(self, buf: TransferBuffer, tag: int, crc: int) -> bool:
-        """Receives one block; whether its bytes match `crc` (summed as it lands, while
-        later blocks are still on their way)."""
-        await self._ep.recv(buf.obj, tag=tag, force_tag=True)
-        if checksum(host_bytes(buf)) == crc:
-            return True
-        self.checksum_failures += 1
-        log.warning("event=ucx_checksum_failure client=%d", self.client_id)
-        return False
 
     async def _put(self, req: Request, bufs: list[TransferBuffer]) -> ReserveResult:
         tags = RequestTags.of(self._tags, req.request_id)
-        await self._send_request(req)
-        reply = await self._recv_reply(tags.reply, len(req.keys))
+        posted = self._post_reply(tags.reply, len(req.keys))
+        every = range(len(req.keys)) if req.eager else range(0)
+        sends = self._send_request_with(
+            req, [bufs[i].obj for i in every], [tags.block(i) for i in every]
+        )
+        try:
+            reply = await self._reply(posted, len(req.keys))
+        except errors.KVStoreError:
+            await transfers.wait_all(sends)  # the node drains what an eager put sent
+            raise
         if any(f >= len(STATUS_CODES) for f in reply.flags):
             raise errors.UnavailableError("data-plane put reply is malformed")
         statuses = tuple(STATUS_CODES[f] for f in reply.flags)
-        done = asyncio.ensure_future(self._recv_reply(tags.done, 0))
-        await asyncio.gather(
-            *(
-                self._ep.send(bufs[i].obj, tag=tags.block(i), force_tag=True)
-                for i, s in enumerate(statuses)
-                if s is PutStatus.RESERVED
+        self._learn(req, statuses)
+        done = self._post_reply(tags.done, 0)
+        if not req.eager:
+            reserved = [i for i, s in enumerate(statuses) if s is PutStatus.RESERVED]
+            sends += transfers.post_sends(
+                self._ep, [bufs[i].obj for i in reserved], [tags.block(i) for i in reserved]
             )
-        )
-        await done
+        await transfers.wait_all(sends)
+        await self._reply(done, 0)
         return ReserveResult(reply.reservation_id, statuses)
 
+    def _learn(self, req: Request, statuses: tuple[PutStatus, ...]) -> None:
+        """Eager from now on for this namespace and size, unless most blocks were present."""
+        num_reserved = statuses.count(PutStatus.RESERVED)
+        self._eager[req.namespace_id, req.block_bytes] = 2 * num_reserved >= len(statuses)
 
-def _checksum(buf: TransferBuffer) -> int:
-    if buf.is_device:
+
+def _checksums(bufs: list[TransferBuffer]) -> tuple[int, ...]:
+    if any(b.is_device for b in bufs):
         raise errors.InvalidArgumentError("put from device memory is not supported yet")
-    return checksum(buf.obj)
+    return tuple(checksums(b.obj for b in bufs))

@@ -15,8 +15,14 @@ Per request (tags from the connection's `frames.Tags`):
     PUT  client -> REQUEST (keys, parents, checksums); server reserves, posts a receive into
          each reserved slot, -> REPLY (statuses); client -> BLOCK i; the server sums each
          slot as its block lands (so summing overlaps the rest of the transfer), compares
-         every checksum, commits, -> DONE. A short or altered block aborts the whole reservation.
+         every checksum, commits (one store call for the batch), -> DONE. A short or altered
+         block aborts the whole reservation. An eager PUT (`Request.eager`) sends BLOCK i of
+         every key right behind REQUEST, without waiting for REPLY: the server receives the
+         blocks of keys it did not reserve (present, in flight; all of them if it refuses the
+         request) into one scratch buffer and drops them. A request whose block size is not
+         the namespace's is never drained: a client sends eagerly only sizes the node took.
 
+Every batch of sends or receives is posted in one pass and awaited together (`transfers`).
 Requests are handled as concurrent tasks, so a small get never waits behind a large put. A
 frame that is malformed, too large for its buffer or reuses the id of a request in flight
 ends the connection: only a holder of the secret can send one, so its client is broken.
@@ -35,8 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvstore import errors
-from kvstore.checksum import checksum
-from kvstore.dataplane import frames
+from kvstore.dataplane import frames, transfers
 from kvstore.dataplane.address_check import AddressChecker
 from kvstore.dataplane.base import Admission, DataPlaneServer, ServerSettings
 from kvstore.dataplane.buffers import as_transfer_buffer
@@ -75,6 +80,7 @@ class UcxServer(DataPlaneServer):
         self._lock = threading.Lock()  # guards `_connections` against the gRPC threads
         self._connections: dict[int, _Connection] = {}
         self._max_request_bytes = frames.request_bytes(store.config.max_batch_keys)
+        self._scratch = memoryview(bytearray(0))  # where drained blocks land (`_drain`)
         self._reaper = self._rt.submit(self._reap_forever())
 
     @property
@@ -217,11 +223,9 @@ class UcxServer(DataPlaneServer):
         finally:
             conn.in_flight.discard(req.request_id)
 
-    async def _send(self, ep: Any, data: Any, tag: int) -> None:
-        await ep.send(data, tag=tag, force_tag=True)
-
     async def _reply(self, ep: Any, reply: Reply, tag: int) -> None:
-        await with_deadline(self._send(ep, frames.encode_reply(reply), tag), self.timeout_s)
+        sent = transfers.post_sends(ep, [frames.encode_reply(reply)], [tag])
+        await with_deadline(transfers.wait_all(sent), self.timeout_s)
 
     def _check_block_bytes(self, req: Request) -> None:
         """Same errors as the gRPC path: short blocks are incomplete, long ones too big."""
@@ -246,23 +250,19 @@ class UcxServer(DataPlaneServer):
             await self._reply(conn.ep, Reply(error=exc), tags.reply)
             return
         try:
-            sums = tuple(
-                c for c, v in zip(lease.checksums, lease.views, strict=True) if v is not None
-            )
+            hits = [i for i, v in enumerate(lease.views) if v is not None]
+            sums = tuple(lease.checksums[i] for i in hits)
             reply = Reply(frames.flags_of(lease.found), 0, req.block_bytes, checksums=sums)
-            sends = [self._send(conn.ep, frames.encode_reply(reply), tags.reply)]
-            sends += [
-                self._send(
-                    conn.ep,
-                    view if isinstance(view, memoryview) else as_transfer_buffer(view, False).obj,
-                    tags.block(i),
-                )
-                for i, view in enumerate(lease.views)
-                if view is not None
-            ]
+            blocks = [_sendable(lease.views[i]) for i in hits]
+            # The reply and every block, posted in one pass (`transfers`).
+            sends = transfers.post_sends(
+                conn.ep,
+                [frames.encode_reply(reply), *blocks],
+                [tags.reply, *(tags.block(i) for i in hits)],
+            )
             # The sends read the slots: they must end (or be cancelled) while the lease holds.
             deadline_s = min(self.timeout_s, 0.9 * self.store.config.lease_timeout_s)
-            await with_deadline(asyncio.gather(*sends), deadline_s)
+            await with_deadline(transfers.wait_all(sends), deadline_s)
         except BaseException:
             self._drop(conn.client_id, "get_failed")  # cancel sends that still read the slots
             raise
@@ -273,44 +273,70 @@ class UcxServer(DataPlaneServer):
 
     async def _put(self, conn: _Connection, tags: RequestTags, req: Request) -> None:
         try:
-            self._check_block_bytes(req)
-            reserved = self.store.reserve(req.namespace_id, req.keys, req.parents, conn.peer)
+            self._check_block_bytes(req)  # a wrong size is never drained (module docstring)
         except errors.KVStoreError as exc:
             await self._reply(conn.ep, Reply(error=exc), tags.reply)
+            return
+        try:
+            reserved = self.store.reserve(req.namespace_id, req.keys, req.parents, conn.peer)
+        except errors.KVStoreError as exc:
+            await self._refuse_put(conn, tags, req, exc)
             return
         rid = reserved.reservation_id
         todo = [i for i, s in enumerate(reserved.statuses) if s is PutStatus.RESERVED]
         flags = tuple(STATUS_CODES.index(s) for s in reserved.statuses)
         try:
-            receives = [
-                asyncio.ensure_future(
-                    self._receive_block(
-                        conn.ep, self.store.reservation_view(rid, i, conn.peer), tags.block(i)
-                    )
-                )
-                for i in todo
-            ]
+            views = self.store.reservation_views(rid, conn.peer) if todo else {}
+            slots = [views[i] for i in todo]
+            receives = transfers.post_receives(conn.ep, slots, [tags.block(i) for i in todo])
+            drains = self._drain(conn, tags, req, set(todo))
             await self._reply(conn.ep, Reply(flags, rid, req.block_bytes), tags.reply)
-            crcs = await with_deadline(asyncio.gather(*receives), self.timeout_s)
+            crcs = await with_deadline(self._land(receives, slots, drains), self.timeout_s)
         except BaseException:
             self._drop(conn.client_id, "put_failed")  # cancel receives into the slots first
             self._abort_quietly(rid, conn.peer)
             raise
         await self._finish_put(conn, tags, req, rid, dict(zip(todo, crcs, strict=True)))
 
-    async def _receive_block(self, ep: Any, view: memoryview, tag: int) -> int:
-        """Receives one block into its slot; returns the slot's CRC32C, summed on arrival
-        (on this loop: a block sums in well under a millisecond, and the GIL is let go)."""
-        await ep.recv(view, tag=tag, force_tag=True)
-        return checksum(view)
+    def _drain(
+        self, conn: _Connection, tags: RequestTags, req: Request, kept: set[int]
+    ) -> list[Any]:
+        """For an eager put: receives of the blocks it sent that no slot takes, into scratch
+        memory (one buffer of the block size, shared: its bytes are never read)."""
+        if not req.eager:
+            return []
+        dropped = [i for i in range(len(req.keys)) if i not in kept]
+        if len(self._scratch) < req.block_bytes:
+            self._scratch = memoryview(bytearray(req.block_bytes))
+        scratch = self._scratch[: req.block_bytes]
+        return transfers.post_receives(
+            conn.ep, [scratch] * len(dropped), [tags.block(i) for i in dropped]
+        )
+
+    async def _land(self, receives: list[Any], slots: list[Any], drains: list[Any]) -> list[int]:
+        """Every block in: the CRC32C of each slot, summed as it lands; drains done too."""
+        crcs = await transfers.summed(receives, slots)
+        await transfers.wait_all(drains)
+        return crcs
+
+    async def _refuse_put(
+        self, conn: _Connection, tags: RequestTags, req: Request, exc: errors.KVStoreError
+    ) -> None:
+        """Replies `exc`; an eager client sent its blocks anyway: they are drained first."""
+        drains = self._drain(conn, tags, req, set())
+        await self._reply(conn.ep, Reply(error=exc), tags.reply)
+        try:
+            await with_deadline(transfers.wait_all(drains), self.timeout_s)
+        except BaseException:
+            self._drop(conn.client_id, "put_failed")
+            raise
 
     async def _finish_put(
         self, conn: _Connection, tags: RequestTags, req: Request, rid: int, crcs: dict[int, int]
     ) -> None:
         try:
-            for i, crc in crcs.items():
-                self.store.mark_written(rid, i, crc, conn.peer)
-            await asyncio.to_thread(self.store.commit, rid, req.checksums or None, conn.peer)
+            # The sums are known: a short bookkeeping pass under the store's lock, inline.
+            self.store.commit(rid, req.checksums or None, conn.peer, written=crcs)
         except errors.KVStoreError as exc:
             self._abort_quietly(rid, conn.peer)
             log.warning("event=ucx_put_rejected client=%d error=%s", conn.client_id, exc)
@@ -321,6 +347,11 @@ class UcxServer(DataPlaneServer):
     def _abort_quietly(self, rid: int, owner: str) -> None:
         with contextlib.suppress(errors.KVStoreError):
             self.store.abort(rid, owner)
+
+
+def _sendable(view: Any) -> Any:
+    """A leased block as ucxx sends it: a DRAM memoryview as is, a device tensor wrapped."""
+    return view if isinstance(view, memoryview) else as_transfer_buffer(view, False).obj
 
 
 def _peer_host(peer: str) -> str:
