@@ -16,7 +16,7 @@ import argparse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from bench import scheduler_matrix, scheduler_targets
+from bench import scheduler_live, scheduler_matrix, scheduler_targets
 from bench.options import extra_of
 from bench.report import Row, progress_bar, pyplot
 from bench.suites import SuiteOptions
@@ -64,6 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--profile", default=DEFAULTS["profile"], help=f"{sorted(PROFILES)} or a JSON file")
     add("--policy", default="all", choices=["all", *SCHEDULING_POLICIES], help="policy or all")
     add("--seed", type=int, default=DEFAULTS["seed"], help="seeds the policies' random choices")
+    scheduler_live.add_arguments(parser)
 
 
 def _settings(options: SuiteOptions) -> dict[str, object]:
@@ -140,6 +141,8 @@ def run(options: SuiteOptions) -> list[Row]:
     if s["matrix"]:
         return scheduler_matrix.run_matrix(s, options.quick, int(s["workers"]))  # type: ignore[call-overload]
     requests = load_requests(Path(str(s["trace"])), QUICK_REQUESTS if options.quick else None)
+    if s.get("live"):  # real engines and the conductor instead of the simulator
+        return scheduler_live.run(options, s, requests)
     policies = list(SCHEDULING_POLICIES) if s["policy"] == "all" else [str(s["policy"])]
     speedups = _speedups(s, options.quick)
     rows = []
