@@ -75,24 +75,30 @@ def _recv_into(sock: socket.socket, view: memoryview) -> None:
 
 def serve_tcp(port_queue: Any) -> None:
     """Raw TCP peer: 'G' sends batch blocks, 'P' receives them and acks one byte."""
-    buf = memoryview(np.ones(64 << 22, np.uint8))
+    buf = memoryview(np.ones(0, np.uint8))
     with socket.create_server(("127.0.0.1", 0)) as server:
         port_queue.put(server.getsockname()[1])
         while True:  # one connection per driver cell
             conn, _ = server.accept()
             with conn:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                _serve_tcp_conn(conn, buf)
+                buf = _serve_tcp_conn(conn, buf)
 
 
-def _serve_tcp_conn(conn: socket.socket, buf: memoryview) -> None:
+def _grown(pool: Any, nbytes: int) -> Any:
+    """`pool`, or a bigger one of ones: a raw peer holds one batch of the largest cell yet."""
+    return pool if len(pool) >= nbytes else memoryview(np.ones(nbytes, np.uint8))
+
+
+def _serve_tcp_conn(conn: socket.socket, buf: memoryview) -> memoryview:
     head = bytearray(_REQ.size)
     while True:
         try:
             _recv_into(conn, memoryview(head))
         except ConnectionError:
-            return
+            return buf
         op, batch, size = _REQ.unpack(head)
+        buf = _grown(buf, batch * size)
         for i in range(batch):
             block = buf[i * size : (i + 1) * size]
             conn.sendall(block) if op == b"G" else _recv_into(conn, block)
@@ -138,13 +144,14 @@ def serve_ucxx(address_queue: Any) -> None:
         (n,) = struct.unpack_from("<Q", hello)
         addr = ucxx.get_ucx_address_from_buffer(bytes(hello[8 : 8 + n]))
         ep = await ucxx.create_endpoint_from_worker_address(addr, endpoint_error_handling=False)
-        pool = np.ones(64 << 22, np.uint8)
+        pool: Any = memoryview(np.ones(0, np.uint8))
         head = bytearray(_REQ.size)
         while True:
             await ucxx.recv(head, tag=_TAG_REQ)
             op, batch, size = _REQ.unpack(head)
             if batch == 0:
                 return
+            pool = _grown(pool, batch * size)
             blocks = [pool[i * size : (i + 1) * size] for i in range(batch)]
             if op == b"G":
                 await asyncio.gather(
