@@ -244,3 +244,26 @@ def test_random_is_seeded() -> None:
     picks = [_policy("random").decide(REQ, view) for _ in range(2)]
     assert picks[0] == picks[1]
     assert dataclasses.is_dataclass(PolicyContext)
+
+
+class _Queued(_Prefill):
+    """A prefill instance whose queue holds a request with the blocks `queued`."""
+
+    def __init__(self, queued_s: float, queued=()) -> None:
+        super().__init__(queued_s)
+        self._queued = set(queued)
+
+    def queued_prefix(self, hash_ids: Sequence[int]) -> int:
+        k = 0
+        while k < len(hash_ids) and hash_ids[k] in self._cached | self._queued:
+            k += 1
+        return k
+
+
+def test_cache_aware_follows_the_previous_turn_still_queued() -> None:
+    # Instance 0 queues the previous turn (blocks 1-3): the prompt will find them there, so
+    # 0.1 s of queue + 4 tokens beats the idle, cold instance 1.
+    view = _View([_Queued(0.1, queued=(1, 2, 3)), _Prefill()], [_Decode()])
+    decision = _policy("cache-aware").decide(REQ, view)
+    assert decision.prefill == 0  # type: ignore[union-attr]
+    assert decision.predicted_ttft_s == pytest.approx(0.1 + COST.prefill_s(16, 12))  # type: ignore[union-attr]

@@ -108,3 +108,35 @@ def test_cli_writes_the_rows(tmp_path: Path) -> None:
     rows = json.loads(out.read_text())
     assert len(rows) == 10 and all(row.keys() >= KEYS for row in rows)
     assert {row["speedup"] for row in rows} == {2.0}
+
+
+def test_a_queued_turn_predicts_the_blocks_its_previous_turn_leaves() -> None:
+    from kvstore.scheduler import SchedRequest
+    from kvstore.scheduler.sim.block_cache import LRUBlockCache
+    from kvstore.scheduler.sim.prefill_instance import SimPrefill
+
+    cost = CostModel(UNIT)
+    prefill = SimPrefill(cost, UNIT.prefill_cache_blocks, LRUBlockCache(64))
+    first = SchedRequest(0, 0.0, 12, (1, 2, 3))
+    second = SchedRequest(1, 0.0, 20, (1, 2, 3, 4, 5))  # the next turn: first's prompt + more
+    prefill.enqueue(first, 0)
+    assert prefill.queued_prefix(second.hash_ids) == 3 and prefill.cached_prefix((1,)) == 0
+    job = prefill.enqueue(second, 0)
+    assert job.predicted.cached_len == 12 and job.uncached_len == 8
+    prefill.start_next(0.0)
+    prefill.finish()
+    prefill.start_next(0.0)
+    prefill.finish()
+    assert not prefill._queued_blocks  # nothing queued: the cache alone
+    assert prefill.queued_prefix((1, 2, 3, 4, 5, 9)) == 5
+
+
+def test_decode_admits_in_order() -> None:
+    from kvstore.scheduler.sim.decode_instance import SimDecode
+
+    decode = SimDecode(CostModel(UNIT), 1000)
+    decode.admit(0, 900, 10, 0.0)
+    decode.admit(1, 500, 10, 0.0)  # waits for room
+    decode.admit(2, 50, 10, 0.0)  # would fit, but waits behind 1 (FIFO)
+    assert [s.is_waiting for s in decode.running()] == [False, True, True]
+    assert decode.context_tokens() == 900

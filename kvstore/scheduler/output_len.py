@@ -43,6 +43,18 @@ class OutputLenEstimator:
         """Mean output length (the prior before any observation)."""
         return self.remaining(0) if self._sorted else float(self._prior_len)
 
+    def quantile(self, q: float) -> float:
+        """The `q`-quantile of the observed output lengths (the prior before any); at least 1.
+
+        Raises:
+            ValueError: `q` outside 0..1.
+        """
+        if not 0 <= q <= 1:
+            raise ValueError(f"quantile must be in 0..1: {q}")
+        if not self._sorted:
+            return float(self._prior_len)
+        return float(max(1, self._sorted[min(len(self._sorted) - 1, int(q * len(self._sorted)))]))
+
     def remaining(self, generated: int) -> float:
         """Expected tokens still to come for a sequence that generated `generated`; at least 1."""
         if not self._sorted:

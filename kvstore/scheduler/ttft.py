@@ -3,7 +3,9 @@
 TTFT on an instance = queue time (predicted work queued there) + the time to load the
 cached blocks it lacks from the pool, when that beats recomputing them + the prefill time
 of the tokens still not cached. The estimate is the engine's own plan (`plan_prefill`), so
-the prediction and the work agree.
+the prediction and the work agree, made with the cache the request will find when it
+starts (`PrefillView.queued_prefix`): a multi-turn request queued behind its previous turn
+finds that turn's blocks there, though they are cached nowhere yet when it arrives.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ class TTFTEstimate(NamedTuple):
 def estimate(request: SchedRequest, view: ClusterView, instance: int) -> TTFTEstimate:
     """The TTFT `request` would see if queued on prefill `instance` now."""
     pre = view.prefill[instance]
-    local = pre.cached_prefix(request.hash_ids)
+    local = pre.queued_prefix(request.hash_ids)
     pool = view.pool_prefix(request.hash_ids, local)
     plan = plan_prefill(view.cost, request.input_len, local, pool)
     return TTFTEstimate(instance, pre.queued_s(), plan)

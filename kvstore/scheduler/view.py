@@ -19,6 +19,7 @@ class RunningSeq(NamedTuple):
 
     context_len: int  # prompt plus tokens generated so far
     generated: int  # output tokens generated so far
+    is_waiting: bool = False  # arrived, but waits for KV room (holds none yet)
 
 
 class IncomingSeq(NamedTuple):
@@ -46,6 +47,15 @@ class PrefillView(ABC):
     @abstractmethod
     def cached_prefix(self, hash_ids: Sequence[int]) -> int:
         """How many of `hash_ids`, from the first, the local cache holds."""
+
+    def queued_prefix(self, hash_ids: Sequence[int]) -> int:
+        """How many of `hash_ids`, from the first, the local cache will hold when a request
+        queued now starts: held now, or in the prompt of a request queued or running ahead
+        of it, which finishes first (FIFO) and leaves its blocks there.
+
+        A view that cannot see its queue's prompts keeps this default, the cache now.
+        """
+        return self.cached_prefix(hash_ids)
 
     @property
     @abstractmethod

@@ -59,10 +59,12 @@ class SimDecode(DecodeView):
 
     def admit(self, request_id: int, input_len: int, tokens: int, now_s: float) -> None:
         """A sequence of `input_len` KV tokens arrives to decode `tokens` more; it waits while
-        the instance's KV is full."""
+        the instance's KV is full or others wait ahead of it (FIFO, as an engine's waiting
+        queue)."""
         self.advance(now_s)
         self.incoming_seqs.pop(request_id, None)
-        if self.members and self.context_tokens() + input_len > self._capacity:
+        full = self.context_tokens() + input_len > self._capacity
+        if self.members and (full or self.waiting):
             self.waiting.append((request_id, input_len, tokens))
             return
         self._join(request_id, input_len, tokens)
@@ -102,7 +104,7 @@ class SimDecode(DecodeView):
             )
             for m in self.members.values()
         ]
-        seqs.extend(RunningSeq(n, 1) for _, n, _ in self.waiting)
+        seqs.extend(RunningSeq(n, 1, is_waiting=True) for _, n, _ in self.waiting)
         return seqs
 
     def incoming(self) -> list[IncomingSeq]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -18,10 +18,19 @@ class PrefillJob:
 
     request: SchedRequest
     decode: int
-    predicted_s: float
-    uncached_len: int
+    predicted: PrefillPlan  # with the cache the queue ahead leaves (`queued_prefix`)
     plan: PrefillPlan | None = None  # the plan it ran with, once started
     start_s: float = 0.0
+
+    @property
+    def predicted_s(self) -> float:
+        """Predicted seconds the job keeps the instance busy."""
+        return self.predicted.seconds
+
+    @property
+    def uncached_len(self) -> int:
+        """Prompt tokens it is predicted to compute."""
+        return self.request.input_len - self.predicted.cached_len
 
 
 class SimPrefill(PrefillView):
@@ -36,21 +45,26 @@ class SimPrefill(PrefillView):
         self.busy_until_s = 0.0
         self._queued_s = 0.0  # predicted work in `queue`, excluding the running job
         self._queued_tokens = 0
+        self._queued_blocks: Counter[int] = Counter()  # blocks of the queued and running prompts
         self.now_s = 0.0
 
-    def plan(self, request: SchedRequest) -> PrefillPlan:
-        """The plan `request` would run with if it started now."""
-        local = self.cache.prefix(request.hash_ids)
+    def plan(self, request: SchedRequest, local: int | None = None) -> PrefillPlan:
+        """The plan `request` would run with if it started now, or with `local` blocks of
+        its prefix cached here."""
+        if local is None:
+            local = self.cache.prefix(request.hash_ids)
         pooled = self.pool.prefix(request.hash_ids, local)
         return plan_prefill(self.cost, request.input_len, local, pooled)
 
     def enqueue(self, request: SchedRequest, decode: int) -> PrefillJob:
-        """Queues `request`; its predicted work is the plan now."""
-        plan = self.plan(request)
-        job = PrefillJob(request, decode, plan.seconds, request.input_len - plan.cached_len)
+        """Queues `request`; its predicted work is its plan with the cache the jobs ahead of
+        it leave (`queued_prefix`)."""
+        predicted = self.plan(request, self.queued_prefix(request.hash_ids))
+        job = PrefillJob(request, decode, predicted)
         self.queue.append(job)
         self._queued_s += job.predicted_s
         self._queued_tokens += job.uncached_len
+        self._queued_blocks.update(request.hash_ids)
         return job
 
     def start_next(self, now_s: float) -> PrefillJob | None:
@@ -72,6 +86,10 @@ class SimPrefill(PrefillView):
         assert job is not None, "no prefill running"
         self.running = None
         self._queued_tokens -= job.uncached_len
+        for h in job.request.hash_ids:
+            self._queued_blocks[h] -= 1
+            if not self._queued_blocks[h]:
+                del self._queued_blocks[h]  # `in` must miss a block no job holds
         self.cache.insert(job.request.hash_ids)
         self.pool.insert(job.request.hash_ids)
         return job
@@ -88,6 +106,14 @@ class SimPrefill(PrefillView):
 
     def cached_prefix(self, hash_ids: Sequence[int]) -> int:
         return self.cache.prefix(hash_ids)
+
+    def queued_prefix(self, hash_ids: Sequence[int]) -> int:
+        k = 0
+        while k < len(hash_ids) and (
+            hash_ids[k] in self.cache or hash_ids[k] in self._queued_blocks
+        ):
+            k += 1
+        return k
 
     @property
     def cache_capacity_blocks(self) -> int:

@@ -142,8 +142,8 @@ class Simulator:
         prefill = self.cluster.prefills[decision.prefill]
         ahead = prefill.queued_s()
         job = prefill.enqueue(req, decision.decode)
-        compute_s = prefill.plan(req).compute_s
-        reach = t + ahead + job.predicted_s + self.cost.handoff_s(req.input_len, compute_s)
+        handoff_s = self.cost.handoff_s(req.input_len, job.predicted.compute_s)
+        reach = t + ahead + job.predicted_s + handoff_s
         self.cluster.decodes[decision.decode].incoming_seqs[i] = IncomingSeq(reach, req.input_len)
         for rep in self.policy.replications(self.cluster):
             self.cluster.prefills[rep.target].cache.insert(

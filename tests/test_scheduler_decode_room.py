@@ -1,0 +1,133 @@
+"""When a request gets KV room on a decode instance, and what the predictive conductor does
+with the wait: constructed batches with hand-computed join times and decisions."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from kvstore.scheduler import (
+    SLO,
+    Accept,
+    CostModel,
+    PolicyContext,
+    Reject,
+    RejectReason,
+    SchedRequest,
+    make_scheduling_policy,
+)
+from kvstore.scheduler.decode_load import DecodeLoad, DecodeLoadPredictor
+from kvstore.scheduler.output_len import OutputLenEstimator
+from kvstore.scheduler.view import IncomingSeq, RunningSeq
+from tests.test_scheduler_cost_model import UNIT
+from tests.test_scheduler_policies import _Decode, _Prefill, _View
+
+
+class _Queue(_Decode):
+    """A decode instance whose waiting sequences hold no KV yet."""
+
+    def context_tokens(self) -> int:
+        return sum(s.context_len for s in self.running() if not s.is_waiting)
+
+
+COST = CostModel(UNIT)  # capacity 1000 KV tokens
+PRED = DecodeLoadPredictor(COST, OutputLenEstimator(prior_len=256))
+STEP = COST.decode_step_s(1, 900)  # 0.111 s: one sequence of 900 tokens
+OLD = RunningSeq(900, 56)  # 200 tokens to go (prior 256): ends at 200 steps
+
+
+def test_a_request_that_fits_joins_on_arrival() -> None:
+    room = PRED.room(_Decode([RunningSeq(100, 56)]), 0.0, 1.0, 200)
+    assert room.join_s == 1.0
+    step = COST.decode_step_s(1, 100)
+    assert room.load == DecodeLoad(2, pytest.approx(100 + 1.0 / step + 200))
+
+
+def test_a_full_instance_frees_room_when_its_sequences_end() -> None:
+    room = PRED.room(_Decode([OLD]), 0.0, 0.0, 200)
+    assert room.join_s == pytest.approx(200 * STEP)
+    assert room.load == DecodeLoad(1, 200.0)
+    later = PRED.room(_Decode([OLD]), 0.0, 30.0, 200)  # OLD ends before it arrives
+    assert later.join_s == 30.0 and later.load == DecodeLoad(1, 200.0)
+
+
+def test_those_ahead_join_first_in_order() -> None:
+    # 850 tokens arrive at 1 s, wait for OLD to end (22.2 s), then decode 255 steps; by 30 s
+    # they hold 850 + 70 tokens, so 200 more fit only once they end too.
+    incoming = _Decode([OLD], [IncomingSeq(1.0, 850)])
+    room = PRED.room(incoming, 0.0, 30.0, 200)
+    assert room.join_s == pytest.approx(200 * STEP + 255 * STEP)
+    waiting = _Queue([OLD, RunningSeq(850, 1, is_waiting=True)])
+    assert PRED.room(waiting, 0.0, 30.0, 200).join_s == pytest.approx(room.join_s)
+    # One arriving after this request is behind it (FIFO) and is not counted.
+    behind = _Decode([OLD], [IncomingSeq(31.0, 850)])
+    assert PRED.room(behind, 0.0, 30.0, 200).join_s == 30.0
+
+
+def test_a_prompt_over_the_capacity_never_fits() -> None:
+    room = PRED.room(_Decode(), 0.0, 0.0, 2000)
+    assert math.isinf(room.join_s)
+
+
+def test_a_wait_spreads_over_the_output() -> None:
+    room = PRED.room(_Decode([OLD]), 0.0, 0.0, 200)
+    wait = 200 * STEP
+    assert room.tbt_s(0.05, 0.0, 0.0, 1001) == pytest.approx(0.05 + wait / 1000)
+    assert room.tbt_s(0.05, 0.0, 0.5, 1) == pytest.approx(0.05 + wait + 0.5)
+
+
+def test_output_quantile() -> None:
+    est = OutputLenEstimator(prior_len=7)
+    assert est.quantile(0.5) == 7.0
+    for n in range(1, 129):  # 128: the window is re-sorted every 32 observations
+        est.observe(n)
+    assert (est.quantile(0.0), est.quantile(0.05), est.quantile(0.5)) == (1.0, 7.0, 64.0)
+    with pytest.raises(ValueError):
+        est.quantile(1.5)
+
+
+def _predictive(outputs: list[int]) -> object:
+    policy = make_scheduling_policy(
+        "cache-aware-predictive", PolicyContext(COST, SLO(ttft_s=5.0, tbt_s=0.2))
+    )
+    for n in outputs:
+        policy.observe_output(n)
+    return policy
+
+
+REQ = SchedRequest(0, 0.0, 20, (1, 2, 3, 4, 5))  # prefill 1.1 s
+FULL_STEP = COST.decode_step_s(1, 990)
+
+
+def test_predictive_admits_a_wait_its_output_absorbs() -> None:
+    # Every output is 1000 tokens: the 990-token sequence has 70 to go, then 20 more fit.
+    full = _View([_Prefill()], [_Decode([RunningSeq(990, 930)])])
+    decision = _predictive([1000] * 128).decide(REQ, full)  # type: ignore[attr-defined]
+    assert isinstance(decision, Accept)
+    wait = 70 * FULL_STEP - COST.prefill_s(20)
+    assert decision.predicted_tbt_s == pytest.approx(COST.decode_step_s(1, 20) + wait / 999)
+
+
+def test_predictive_refuses_a_wait_that_misses_and_says_when_it_fits() -> None:
+    # 95% of outputs are 3 tokens (the output planned for), the rest 1000: the long one
+    # running has 500 to go, a wait no 3-token output absorbs.
+    full = _View([_Prefill()], [_Decode([RunningSeq(990, 500)])])
+    decision = _predictive([3] * 122 + [1000] * 6).decide(REQ, full)  # type: ignore[attr-defined]
+    assert isinstance(decision, Reject) and decision.reason is RejectReason.TBT
+    assert decision.predicted > decision.limit == 0.2  # type: ignore[operator]
+    # Arriving (tbt - SLO) x steps later, the wait fits in the slack of 2 steps.
+    assert decision.retry_after_s == pytest.approx((decision.predicted - 0.2) * 2)  # type: ignore[operator]
+    reject = make_scheduling_policy("cache-aware-reject", PolicyContext(COST, SLO(5.0, 0.2)))
+    assert reject.decide(REQ, full).reason is RejectReason.DECODE_MEMORY  # type: ignore[union-attr]
+
+
+def test_predictive_places_on_the_instance_with_room() -> None:
+    # Instance 0 frees room in 500 steps (60 s over 999 tokens: 0.06 s a token more), 1 has
+    # room now for a 0.038 s step; the lowest predicted mean TBT wins, wait included.
+    full, light = _Decode([RunningSeq(990, 500)]), _Decode([RunningSeq(100, 10)])
+    decision = _predictive([1000] * 128).decide(REQ, _View([_Prefill()], [full, light]))  # type: ignore[attr-defined]
+    assert isinstance(decision, Accept) and decision.decode == 1
+    assert decision.predicted_tbt_s == pytest.approx(
+        COST.decode_step_s(2, 120 + 1.1 / COST.decode_step_s(1, 100))
+    )
