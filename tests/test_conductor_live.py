@@ -36,20 +36,25 @@ from tests.test_conductor_view import BLOCK, PROFILE
 
 openai = pytest.importorskip("openai")
 
-LONG_TOKENS = 1500  # a request that keeps decoding while another one is decided
+LONG_TOKENS = 400  # a request that keeps decoding while another one is decided
 
 
 @dataclass
 class Proc:
     proc: subprocess.Popen
     log_path: Path
+    is_terminated: bool = False
 
     def log(self) -> str:
         return self.log_path.read_text()
 
-    def stop(self) -> int:
-        if self.proc.poll() is None:
+    def terminate(self) -> None:
+        if self.proc.poll() is None and not self.is_terminated:  # once: a second one kills
             self.proc.send_signal(signal.SIGTERM)
+            self.is_terminated = True
+
+    def stop(self) -> int:
+        self.terminate()
         try:
             return self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
@@ -63,6 +68,7 @@ class Cluster:
     split_grpc: str
     both_http: str  # of the conductor over one "both" engine
     both_engine: str  # that engine, for reference outputs
+    front_http: str  # of a conductor whose engine is the "both" conductor's HTTP API
 
 
 def _spawn(tmp: Path, name: str, *args: str) -> Proc:
@@ -111,11 +117,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         procs += [split_c, both_c]
         s_http, s_grpc = wait_until(lambda: _ports(split_c), 90.0, "the conductor serves")
         b_http, _ = wait_until(lambda: _ports(both_c), 90.0, "the both conductor serves")
+        backend = f"http://127.0.0.1:{b_http}"
+        procs.append(front_c := _conductor(tmp, "front", [backend], "", "round-robin"))
+        f_http, _ = wait_until(lambda: _ports(front_c), 90.0, "the front conductor serves")
         yield Cluster(
-            f"http://127.0.0.1:{s_http}", f"127.0.0.1:{s_grpc}", f"http://127.0.0.1:{b_http}",
-            engines["b0"],
+            f"http://127.0.0.1:{s_http}", f"127.0.0.1:{s_grpc}", backend, engines["b0"],
+            f"http://127.0.0.1:{f_http}",
         )  # fmt: skip
     finally:
+        for p in procs:  # all at once: each drains on its own
+            p.terminate()
         codes = {p.log_path.name: p.stop() for p in reversed(procs)}
         store.stop()
     assert all(code == 0 for code in codes.values()), codes
@@ -228,6 +239,20 @@ def test_one_both_engine_serves_a_whole_request(cluster):
     )
     ids = [t for c in stream for t in c.model_extra["kvstore"]["token_ids"]]
     assert ids == _reference(cluster, prompt, 7)
+
+
+def test_a_conductor_fronts_an_openai_compatible_server(cluster):
+    prompt = _prompt(9, 3 * BLOCK + 2)
+    client = _client(cluster.front_http)
+    stream = client.completions.create(
+        model="tiny", prompt=prompt, max_tokens=6, temperature=0, stream=True
+    )
+    ids = [t for c in stream for t in c.model_extra["kvstore"]["token_ids"]]
+    assert ids == _reference(cluster, prompt, 6)
+    again = client.completions.create(model="tiny", prompt=prompt, max_tokens=6, temperature=0)
+    assert again.model_extra["kvstore"]["token_ids"] == ids
+    assert again.usage.prompt_tokens_details.cached_tokens == 3 * BLOCK  # the backend's count
+    assert again.model_extra["kvstore"]["prefill_engine"] == cluster.both_http
 
 
 def _get(url: str) -> tuple[int, str]:

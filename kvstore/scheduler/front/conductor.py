@@ -50,7 +50,7 @@ from kvstore.scheduler.front.completion import (
     CompletionRequest,
     RejectedError,
 )
-from kvstore.scheduler.front.engine_handle import EngineChunk, EngineHandle
+from kvstore.scheduler.front.engine_handle import Engine, EngineChunk
 from kvstore.scheduler.front.live_view import LiveCluster, PromptBlocks, prompt_blocks
 from kvstore.scheduler.request import SchedRequest
 from kvstore.scheduler.slo import SLO
@@ -121,7 +121,7 @@ class Conductor:
 
     def __init__(
         self,
-        engines: Sequence[EngineHandle],
+        engines: Sequence[Engine],
         roles: Roles,
         cluster: LiveCluster,
         policy: SchedulingPolicy,
@@ -250,9 +250,7 @@ class Conductor:
             if msg.finish_reason:
                 t.finish_reason = msg.finish_reason
 
-    def _generate(
-        self, engine: EngineHandle, t: Ticket, published: int
-    ) -> AsyncIterator[EngineChunk]:
+    def _generate(self, engine: Engine, t: Ticket, published: int) -> AsyncIterator[EngineChunk]:
         r = t.request
         return engine.generate(r.prompt_token_ids, r.max_tokens, r.temperature, r.seed, published)
 

@@ -19,7 +19,11 @@ class ConductorConfig:
     KV namespace they publish in (as `kvstore engine`'s flags of the same names).
     """
 
-    engines: str = option("", "engine processes, HOST:PORT[,HOST:PORT...]")
+    engines: str = option(
+        "",
+        "engines, comma-separated: HOST:PORT (kvstore engine) or http://HOST:PORT (an "
+        "OpenAI-compatible server, e.g. vLLM with the kvstore connector)",
+    )
     store: str = option("", "store node HOST:PORT the engines publish to; empty: no pool")
     policy: str = option("cache-aware-predictive", f"one of {list(SCHEDULING_POLICIES)}")
     profile: str = option(
@@ -34,6 +38,7 @@ class ConductorConfig:
     model_id: str = option("", "the engines' --model-id (default gpu_engine/<model>)")
     dtype: str = option("float32", "the engines' --dtype")
     tenant_salt: str = option("", "the engines' --tenant-salt, hex")
+    backend_block_tokens: int = option(16, "KV block size of the http:// engines, tokens")
     seed: int = option(0, "seeds the policy and the seeds drawn for unseeded sampling")
     engine_timeout_s: float = option(600.0, "deadline of one engine stream")
     ready_timeout_s: float = option(60.0, "how long to wait at start for every engine")
@@ -47,6 +52,8 @@ class ConductorConfig:
             )
         if not 0 <= self.port < 65536 or not -1 <= self.grpc_port < 65536:
             raise InvalidArgumentError(f"bad port: {self.port} / {self.grpc_port}")
+        if self.backend_block_tokens < 1:
+            raise InvalidArgumentError("backend_block_tokens must be >= 1")
         if not self.engine_timeout_s > 0 or not self.ready_timeout_s > 0:
             raise InvalidArgumentError("engine_timeout_s and ready_timeout_s must be > 0")
         try:

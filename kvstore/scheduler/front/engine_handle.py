@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import grpc
 
@@ -36,6 +36,29 @@ class EngineChunk(NamedTuple):
     finish_reason: str  # "" while running
     cached_tokens: int = 0
     num_published_tokens: int = 0
+
+
+class Engine(Protocol):
+    """What the conductor calls on an engine: `EngineHandle` (a `kvstore engine` process)
+    or `openai_backend.OpenAIBackend` (an OpenAI-compatible server)."""
+
+    address: str
+
+    async def load(self, timeout_s: float | None = None) -> EngineStatus:
+        """Its role and size; UnavailableError when it does not answer."""
+
+    def generate(
+        self,
+        prompt: Sequence[int],
+        max_tokens: int,
+        temperature: float,
+        seed: int | None,
+        num_published_tokens: int = 0,
+    ) -> AsyncIterator[EngineChunk]:
+        """Its messages for one request; the last has the finish reason."""
+
+    async def close(self) -> None:
+        """Releases its connections."""
 
 
 class EngineHandle:

@@ -9,8 +9,10 @@ OpenAI's completion shape, with ``usage.prompt_tokens_details.cached_tokens`` (p
 tokens the prefill loaded or reused, not computed) and one extension, ``kvstore``:
 ``token_ids`` (the output ids; in a stream, the chunk's), and on the last message
 ``prefill_engine``, ``decode_engine``, ``ttft_s`` (measured at the conductor),
-``predicted_ttft_s`` and ``tbt_s``. A stream is ``text/event-stream``: one
-``data: {chunk}`` per output piece, usage on the last, then ``data: [DONE]``.
+``predicted_ttft_s`` and ``tbt_s``. With ``return_token_ids`` (vLLM's extension) the
+ids are also in ``choices[0].token_ids``, so the conductor can front another. A stream is
+``text/event-stream``: one ``data: {chunk}`` per output piece, usage on the last, then
+``data: [DONE]``.
 
 A request the policy refuses gets 429 at once: ``error.reason``, ``error.predicted``,
 ``error.limit`` and ``error.retry_after_s`` in the body, ``Retry-After`` (whole seconds,
@@ -207,7 +209,9 @@ def _slo(headers: Mapping[str, str], default: SLO) -> SLO:
 def _envelope(
     t: Ticket, body: Mapping[str, Any], text: str, finish: str | None, ids: list[int]
 ) -> dict[str, Any]:
-    choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
+    choice: dict[str, Any] = {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
+    if body.get("return_token_ids"):  # vLLM's extension, as vLLM spells it
+        choice["token_ids"] = ids
     return {
         "id": f"cmpl-{t.request_id}",
         "object": "text_completion",

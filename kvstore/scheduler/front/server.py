@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import logging
 import signal
 
@@ -27,11 +28,12 @@ from kvstore.scheduler.base import PolicyContext
 from kvstore.scheduler.cost_model import CostModel
 from kvstore.scheduler.front.conductor import Conductor, Roles
 from kvstore.scheduler.front.config import ConductorConfig
-from kvstore.scheduler.front.engine_handle import EngineHandle, EngineStatus
+from kvstore.scheduler.front.engine_handle import Engine, EngineHandle, EngineStatus
 from kvstore.scheduler.front.grpc_api import SERVICE, ConductorServicer
 from kvstore.scheduler.front.http_api import HttpApi
 from kvstore.scheduler.front.live_view import LiveCluster, LiveDecode, LivePrefill
 from kvstore.scheduler.front.metrics import ConductorMetrics
+from kvstore.scheduler.front.openai_backend import OpenAIBackend, is_backend_address
 from kvstore.scheduler.profile import CostProfile, resolve_profile
 from kvstore.scheduler.registry import make_scheduling_policy
 
@@ -58,12 +60,12 @@ class ConductorServer:
         self._runner: web.AppRunner | None = None
         self._grpc: grpc.aio.Server | None = None
         self._store: AsyncClient | None = None
-        self.engines: list[EngineHandle] = []
+        self.engines: list[Engine] = []
 
     async def start(self) -> ConductorServer:
         c = self.config
         addresses = c.engine_addresses
-        self.engines = [EngineHandle(a, c.engine_timeout_s) for a in addresses]
+        self.engines = [self._engine(a) for a in addresses]
         statuses = await asyncio.gather(*(self._ready(e) for e in self.engines))
         block_tokens = _block_tokens(addresses, statuses)
         profile = _for_blocks(self._profile or resolve_profile(c.profile), block_tokens)
@@ -84,6 +86,12 @@ class ConductorServer:
         )  # fmt: skip
         return self
 
+    def _engine(self, address: str) -> Engine:
+        c = self.config
+        if is_backend_address(address):
+            return OpenAIBackend(address, c.engine_timeout_s, c.backend_block_tokens)
+        return EngineHandle(address, c.engine_timeout_s)
+
     def _conductor(self, profile: CostProfile, namespace: Namespace, roles: Roles) -> Conductor:
         c = self.config
         cost = CostModel(profile)
@@ -93,7 +101,7 @@ class ConductorServer:
         policy = make_scheduling_policy(c.policy, PolicyContext(cost, c.slo, c.seed))
         return Conductor(self.engines, roles, cluster, policy, namespace, self._store, seed=c.seed)
 
-    async def _ready(self, engine: EngineHandle) -> EngineStatus:
+    async def _ready(self, engine: Engine) -> EngineStatus:
         """The engine's Load, retried until `ready_timeout_s` (engines start slowly)."""
         deadline = asyncio.get_running_loop().time() + self.config.ready_timeout_s
         while True:
@@ -132,7 +140,7 @@ class ConductorServer:
     async def health(self) -> dict[str, bool]:
         """Each engine's address and whether it answered Load within 2 s."""
 
-        async def answers(engine: EngineHandle) -> bool:
+        async def answers(engine: Engine) -> bool:
             try:
                 await engine.load(timeout_s=HEALTH_TIMEOUT_S)
             except KVStoreError:
@@ -198,14 +206,17 @@ def serve_conductor(config: ConductorConfig) -> None:
     """Runs a conductor until SIGTERM or SIGINT."""
 
     async def main() -> None:
-        server = await ConductorServer(config).start()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT):  # before "serving" is logged
             loop.add_signal_handler(sig, stop.set)
+        server = await ConductorServer(config).start()
         await stop.wait()
         log.info("event=conductor_draining")
         await server.stop()
         log.info("event=conductor_stopped")
 
     asyncio.run(main())
+    # torch's objects (imported for the namespace) make the interpreter's last collection
+    # take seconds; nothing left needs finalizing, so exit without it.
+    gc.freeze()
