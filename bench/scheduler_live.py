@@ -77,8 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--live", action="store_true", help="replay through real engines and the conductor")
     add("--live-model", default=LIVE_DEFAULTS["live_model"], help="engine preset (tiny, bench)")
     add("--live-requests", type=int, default=None, help="trace requests to replay")
-    add("--live-ttft-slo-s", type=float, default=LIVE_DEFAULTS["live_ttft_slo_s"])
-    add("--live-tbt-slo-ms", type=float, default=LIVE_DEFAULTS["live_tbt_slo_ms"])
+    add("--live-ttft-slo-s", type=float, default=LIVE_DEFAULTS["live_ttft_slo_s"], help="seconds")
+    add("--live-tbt-slo-ms", type=float, default=LIVE_DEFAULTS["live_tbt_slo_ms"], help="ms")
 
 
 class LiveRequest(NamedTuple):
