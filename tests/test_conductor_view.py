@@ -26,6 +26,7 @@ from kvstore.scheduler.front.tokenizer import REPLACEMENT, ByteTokenizer, Detoke
 from kvstore.scheduler.profile import CostProfile
 from kvstore.scheduler.registry import make_scheduling_policy
 from kvstore.scheduler.request import SchedRequest
+from kvstore.scheduler.view import RunningSeq
 
 BLOCK = 16
 # Step time 10 ms + 10 ms per sequence: one decoding sequence fits a 25 ms TBT SLO, two do not.
@@ -97,7 +98,7 @@ def test_a_decode_instance_counts_incoming_then_running_context():
     assert dec.incoming()[0] == (2.5, 100) and dec.context_tokens() == 0
     dec.start(7, 100, 1)
     dec.advance(7, 4)
-    assert dec.incoming() == [] and dec.running() == [(105, 5)]
+    assert dec.incoming() == [] and dec.running() == [RunningSeq(105, 5)]
     assert dec.context_tokens() == 105
     dec.finish(7)
     assert dec.running() == [] and dec.kv_capacity_tokens == 1000
