@@ -96,7 +96,8 @@ def test_a_decode_instance_counts_incoming_then_running_context():
     dec = LiveDecode(1000)
     dec.expect(7, 2.5, 100)
     assert dec.incoming()[0] == (2.5, 100) and dec.context_tokens() == 0
-    dec.start(7, 100, 1)
+    dec.start(7, 100, 1, is_waiting=True)  # handed over: loading its KV, holding no pages
+    assert dec.running() == [RunningSeq(101, 1, True)] and dec.context_tokens() == 0
     dec.advance(7, 4)
     assert dec.incoming() == [] and dec.running() == [RunningSeq(105, 5)]
     assert dec.context_tokens() == 105

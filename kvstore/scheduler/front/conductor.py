@@ -237,15 +237,16 @@ class Conductor:
     async def _decode(self, t: Ticket) -> AsyncIterator[CompletionChunk]:
         engine = self.engines[self.roles.decode[t.accept.decode]]
         dview = self.cluster.decodes[t.accept.decode]
-        dview.start(t.request_id, t.input_len, len(t.tokens))
+        dview.start(t.request_id, t.input_len, len(t.tokens), is_waiting=True)
         sent = list(t.tokens)  # what the client has: the decode stream repeats it first
         async for msg in self._generate(engine, t, t.num_published_tokens):
             new = list(msg.token_ids)
             while sent and new:
                 if new.pop(0) != sent.pop(0):
                     log.warning("event=handoff_mismatch request=%d", t.request_id)
-            if new:
+            if msg.token_ids:  # the engine runs it (the repeated first token included)
                 dview.advance(t.request_id, len(new))
+            if new:
                 yield self._out(t, new)
             if msg.finish_reason:
                 t.finish_reason = msg.finish_reason

@@ -9,8 +9,9 @@ conductor's own bookkeeping, so the same policy objects decide live as in the si
   ids the conductor sent it, an LRU set bounded by the engine's cache capacity (as
   sgl-router's approximate radix tree).
 - Decode (`LiveDecode`): requests streaming from the engine (running: context = prompt +
-  tokens generated so far, counted from the stream) and those routed there still in
-  prefill (incoming, with the predicted time their KV reaches it).
+  tokens generated so far, counted from the stream), those handed over but not yet
+  streaming again (waiting: loading their KV or waiting for pages, holding none), and those
+  routed there still in prefill (incoming, with the predicted time their KV reaches it).
 - The pool: `pool_prefix` answers from the store's match of the request being decided
   (`set_pool_match`, one Match call per request, before `decide`); chains that were not
   matched in this snapshot count as absent.
@@ -107,26 +108,36 @@ class LivePrefill(PrefillView):
         return self.cache.capacity_blocks
 
 
+class _Seq(NamedTuple):
+    input_len: int
+    generated: int
+    is_waiting: bool
+
+
 class LiveDecode(DecodeView):
     """One decode engine (or a "both" engine's decode side) as the conductor has loaded it."""
 
     def __init__(self, capacity_tokens: int) -> None:
         self._capacity = capacity_tokens
         self._incoming: dict[int, IncomingSeq] = {}
-        self._running: dict[int, list[int]] = {}  # request id -> [input_len, generated]
+        self._running: dict[int, _Seq] = {}
 
     def expect(self, request_id: int, reach_s: float, input_len: int) -> None:
         """`request_id` was routed here; its KV is predicted to arrive at `reach_s`."""
         self._incoming[request_id] = IncomingSeq(reach_s, input_len)
 
-    def start(self, request_id: int, input_len: int, generated: int) -> None:
-        """`request_id` decodes here now, `generated` tokens out."""
+    def start(
+        self, request_id: int, input_len: int, generated: int, is_waiting: bool = False
+    ) -> None:
+        """`request_id` is on the engine now, `generated` tokens out; `is_waiting` until the
+        engine streams it again (it loads its KV and waits for pages first)."""
         self._incoming.pop(request_id, None)
-        self._running[request_id] = [input_len, generated]
+        self._running[request_id] = _Seq(input_len, generated, is_waiting)
 
     def advance(self, request_id: int, num_tokens: int) -> None:
-        """`request_id` generated `num_tokens` more."""
-        self._running[request_id][1] += num_tokens
+        """The engine streamed `num_tokens` more of `request_id` (0: only that it runs)."""
+        seq = self._running[request_id]
+        self._running[request_id] = _Seq(seq.input_len, seq.generated + num_tokens, False)
 
     def finish(self, request_id: int) -> None:
         """`request_id` is gone from here (finished, failed, or never came)."""
@@ -134,13 +145,17 @@ class LiveDecode(DecodeView):
         self._running.pop(request_id, None)
 
     def running(self) -> list[RunningSeq]:
-        return [RunningSeq(n + g, g) for n, g in self._running.values()]
+        return [
+            RunningSeq(s.input_len + s.generated, s.generated, s.is_waiting)
+            for s in self._running.values()
+        ]
 
     def incoming(self) -> list[IncomingSeq]:
         return list(self._incoming.values())
 
     def context_tokens(self) -> int:
-        return sum(n + g for n, g in self._running.values())
+        """KV the engine holds: a waiting sequence holds none yet."""
+        return sum(s.input_len + s.generated for s in self._running.values() if not s.is_waiting)
 
     @property
     def kv_capacity_tokens(self) -> int:
