@@ -1,0 +1,49 @@
+"""The `dataplane` suite's ratio table: per block size, kvstore against each baseline of the
+same run, and the targets a size misses (from synthetic rows; the suite itself is a bench)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import dataplane
+
+MIB = 1 << 20
+
+
+def _rows(gbps: dict[tuple[str, str], float], size: int) -> list[dict]:
+    return [
+        {"system": system, "op": op, "block_bytes": size, "batch": 64, "gbps": value}
+        for (system, op), value in gbps.items()
+    ]
+
+
+def test_block_sizes_span_64_kib_to_16_mib_at_batch_64():
+    assert dataplane.BLOCK_BYTES[0] == 64 << 10 and dataplane.BLOCK_BYTES[-1] == 16 * MIB
+    assert 64 in dataplane.BATCHES
+    assert dataplane._reps(16 * MIB, 64, quick=True) == 3  # at least 3 batches, even of 1 GiB
+
+
+def test_ratios_and_missed_targets_per_block_size():
+    gbps = {
+        ("kvstore-ucx", "put"): 3.0,
+        ("kvstore-ucx", "get"): 9.0,
+        ("memcpy", "put"): 10.0,
+        ("memcpy", "get"): 10.0,
+        ("mooncake", "put"): 2.0,
+        ("mooncake", "get"): 10.0,
+        ("kvstore-ucx-tcp", "get"): 1.8,
+        ("tcp-socket", "get"): 2.0,
+    }
+    (row,) = dataplane._ratios(_rows(gbps, MIB))[2:3]
+    assert row["block_bytes"] == MIB
+    assert row["put/memcpy"] == pytest.approx(0.3) and row["get/memcpy"] == pytest.approx(0.9)
+    assert row["put/mooncake"] == pytest.approx(1.5) and row["get/mooncake"] == pytest.approx(0.9)
+    assert row["tcp get/tcp-socket"] == pytest.approx(0.9)
+    assert row["put/raw-ucxx"] is None  # not measured: no ratio, no verdict
+    assert row["missed"] == "put/memcpy<0.6 get/mooncake<1"
+
+
+def test_memcpy_targets_start_at_1_mib():
+    gbps = {("kvstore-ucx", "put"): 1.0, ("memcpy", "put"): 10.0}
+    small = dataplane._ratio_row(_rows(gbps, 256 << 10), 256 << 10)
+    assert small["put/memcpy"] == pytest.approx(0.1) and small["missed"] == "-"
