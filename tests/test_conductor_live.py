@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import openai
 import pytest
 
 from gpu_engine.engine_client import EngineClient
@@ -33,8 +34,6 @@ from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.scheduler.front.tokenizer import ByteTokenizer
 from tests.conftest import free_port, start_store, wait_until
 from tests.test_conductor_view import BLOCK, PROFILE
-
-openai = pytest.importorskip("openai")
 
 LONG_TOKENS = 400  # a request that keeps decoding while another one is decided
 

@@ -33,7 +33,7 @@ class Authenticator:
         """
         if self.table is None:
             return ANONYMOUS
-        values = [v for k, v in metadata or () if k == "authorization"]
+        values = [v for k, v in metadata or () if k.lower() == "authorization"]  # HTTP: any case
         if len(values) != 1 or not isinstance(values[0], str):
             raise UnauthenticatedError("the call needs one 'authorization: Bearer TOKEN'")
         value = values[0]

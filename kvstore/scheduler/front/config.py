@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvstore.auth import ListenerSecurity
 from kvstore.config import option
 from kvstore.errors import InvalidArgumentError
 from kvstore.scheduler.registry import SCHEDULING_POLICIES
@@ -11,8 +12,10 @@ from kvstore.scheduler.slo import SLO
 
 
 @dataclass(frozen=True)
-class ConductorConfig:
-    """What the conductor fronts, how it decides, and where it listens.
+class ConductorConfig(ListenerSecurity):
+    """What the conductor fronts, how it decides, and where it listens (and, from
+    `ListenerSecurity`, who may call it: a token file guards `/v1/completions` and the gRPC
+    service, TLS serves both).
 
     Engine roles are not configured: each engine's Load reports its own. The block size
     comes from the engines too; `model`, `model_id`, `dtype` and `tenant_salt` name the
@@ -42,6 +45,10 @@ class ConductorConfig:
     seed: int = option(0, "seeds the policy and the seeds drawn for unseeded sampling")
     engine_timeout_s: float = option(600.0, "deadline of one engine stream")
     ready_timeout_s: float = option(60.0, "how long to wait at start for every engine")
+    engine_token_file: str = option("", "file holding the token the engines know us by")
+    engine_tls_ca: str = option("", "PEM CA of the engines' certificates: reach them over TLS")
+    store_token_file: str = option("", "file holding the token the store knows us by")
+    store_tls_ca: str = option("", "PEM CA of the store's certificate: reach it over TLS")
 
     def __post_init__(self) -> None:
         if not self.engine_addresses:
@@ -56,6 +63,7 @@ class ConductorConfig:
             raise InvalidArgumentError("backend_block_tokens must be >= 1")
         if not self.engine_timeout_s > 0 or not self.ready_timeout_s > 0:
             raise InvalidArgumentError("engine_timeout_s and ready_timeout_s must be > 0")
+        self.check_security()
         try:
             self.slo  # noqa: B018 - validates the SLO times
         except ValueError as exc:

@@ -15,6 +15,7 @@ import grpc
 
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.auth import open_aio_channel
 from kvstore.client_common import raise_rpc_error
 
 
@@ -67,12 +68,16 @@ class EngineHandle:
     Args:
         address: "host:port" of `kvstore engine`.
         timeout_s: deadline of one Generate stream or Load call.
+        auth_token: bearer token, for an engine started with --auth-token-file.
+        tls_ca: PEM CA of the engine's certificate: connect over TLS.
     """
 
-    def __init__(self, address: str, timeout_s: float) -> None:
+    def __init__(
+        self, address: str, timeout_s: float, auth_token: str = "", tls_ca: str = ""
+    ) -> None:
         self.address = address
         self.timeout_s = timeout_s
-        self._channel = grpc.aio.insecure_channel(address)
+        self._channel = open_aio_channel(address, auth_token=auth_token, tls_ca=tls_ca)
         self._stub = pb_grpc.EngineServiceStub(self._channel)
 
     async def close(self) -> None:

@@ -32,7 +32,13 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from kvstore.errors import InvalidArgumentError, KVStoreError, UnavailableError
+from kvstore.auth import Authenticator
+from kvstore.errors import (
+    InvalidArgumentError,
+    KVStoreError,
+    UnauthenticatedError,
+    UnavailableError,
+)
 from kvstore.scheduler.front.completion import CompletionRequest, RejectedError
 from kvstore.scheduler.front.conductor import Conductor, Ticket
 from kvstore.scheduler.front.metrics import ConductorMetrics
@@ -51,6 +57,8 @@ class HttpApi:
         slo: the SLO of a request without SLO headers.
         health: ``/health``'s check: engine addresses and whether each answered.
         engines: engine addresses, by the indexes outcomes carry.
+        auth: who may ask for completions (an ``Authorization: Bearer`` header, as the
+            OpenAI clients send their api key); ``/health`` and ``/metrics`` stay open.
     """
 
     def __init__(
@@ -60,7 +68,9 @@ class HttpApi:
         slo: SLO,
         health: Callable[[], Awaitable[dict[str, bool]]],
         engines: list[str],
+        auth: Authenticator | None = None,
     ) -> None:
+        self.auth = auth or Authenticator(None)
         self.conductor = conductor
         self.metrics = metrics
         self.slo = slo
@@ -85,6 +95,10 @@ class HttpApi:
         return web.Response(body=self.metrics.text(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def completions(self, http: web.Request) -> web.StreamResponse:
+        try:
+            self.auth.tenant(http.headers.items())
+        except UnauthenticatedError as exc:
+            return _error(401, str(exc), "authentication_error")
         try:
             body = await http.json()
             request = parse_request(body, http.headers, self.slo, self.tokenizer)

@@ -15,12 +15,14 @@ import dataclasses
 import gc
 import logging
 import signal
+import ssl
 
 import grpc
 from aiohttp import web
 
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.async_client import AsyncClient
+from kvstore.auth import read_token_file
 from kvstore.errors import InvalidArgumentError, KVStoreError, UnavailableError
 from kvstore.grpc_service import register
 from kvstore.keys import Namespace
@@ -60,6 +62,7 @@ class ConductorServer:
         self._runner: web.AppRunner | None = None
         self._grpc: grpc.aio.Server | None = None
         self._store: AsyncClient | None = None
+        self._auth = config.authenticator()
         self.engines: list[Engine] = []
 
     async def start(self) -> ConductorServer:
@@ -90,7 +93,8 @@ class ConductorServer:
         c = self.config
         if is_backend_address(address):
             return OpenAIBackend(address, c.engine_timeout_s, c.backend_block_tokens)
-        return EngineHandle(address, c.engine_timeout_s)
+        token = read_token_file(c.engine_token_file) if c.engine_token_file else ""
+        return EngineHandle(address, c.engine_timeout_s, token, c.engine_tls_ca)
 
     def _conductor(self, profile: CostProfile, namespace: Namespace, roles: Roles) -> Conductor:
         c = self.config
@@ -115,15 +119,18 @@ class ConductorServer:
     async def _open_store(self, namespace: Namespace) -> AsyncClient | None:
         if not self.config.store:
             return None
-        store = AsyncClient(self.config.store, transport="grpc")
+        c = self.config
+        token = read_token_file(c.store_token_file) if c.store_token_file else ""
+        store = AsyncClient(c.store, transport="grpc", auth_token=token, tls_ca=c.store_tls_ca)
         await store.register_namespace(namespace)  # idempotent; Match needs it known
         return store
 
     async def _start_http(self, addresses: list[str]) -> None:
-        api = HttpApi(self.conductor, self.metrics, self.config.slo, self.health, addresses)
+        c = self.config
+        api = HttpApi(self.conductor, self.metrics, c.slo, self.health, addresses, self._auth)
         self._runner = web.AppRunner(api.app(), access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.config.host, self.config.port)
+        site = web.TCPSite(self._runner, c.host, c.port, ssl_context=_ssl_context(c))
         await site.start()
         server = site._server
         assert server is not None and server.sockets, "the HTTP site is listening"  # type: ignore[attr-defined]
@@ -132,9 +139,11 @@ class ConductorServer:
     async def _start_grpc(self) -> None:
         if self.config.grpc_port < 0:
             return
+        c = self.config
         self._grpc = grpc.aio.server()
-        register(self._grpc, ConductorServicer(self.conductor, self.config.slo), SERVICE, pb)
-        self.grpc_port = self._grpc.add_insecure_port(f"{self.config.host}:{self.config.grpc_port}")
+        servicer = ConductorServicer(self.conductor, c.slo)
+        register(self._grpc, servicer, SERVICE, pb, auth=self._auth)
+        self.grpc_port = c.add_port(self._grpc, f"{c.host}:{c.grpc_port}")
         await self._grpc.start()
 
     async def health(self) -> dict[str, bool]:
@@ -159,6 +168,18 @@ class ConductorServer:
             await self._store.close()
         for engine in self.engines:
             await engine.close()
+
+
+def _ssl_context(c: ConductorConfig) -> ssl.SSLContext | None:
+    """The HTTP side's TLS, from the same --tls-* flags as the gRPC side's."""
+    if not c.tls_cert:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(c.tls_cert, c.tls_key)
+    if c.tls_client_ca:
+        context.load_verify_locations(c.tls_client_ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
 
 
 def _block_tokens(addresses: list[str], statuses: list[EngineStatus]) -> int:
@@ -204,6 +225,8 @@ def _for_blocks(profile: CostProfile, block_tokens: int) -> CostProfile:
 
 def serve_conductor(config: ConductorConfig) -> None:
     """Runs a conductor until SIGTERM or SIGINT."""
+
+    config.check_exposure(config.host)
 
     async def main() -> None:
         stop = asyncio.Event()
