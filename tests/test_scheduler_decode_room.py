@@ -131,3 +131,51 @@ def test_predictive_places_on_the_instance_with_room() -> None:
     assert decision.predicted_tbt_s == pytest.approx(
         COST.decode_step_s(2, 120 + 1.1 / COST.decode_step_s(1, 100))
     )
+
+
+def test_survival_is_the_share_longer() -> None:
+    est = OutputLenEstimator(prior_len=3)
+    assert list(est.survival()) == [1.0, 1.0, 1.0, 0.0, 0.0]  # the prior as a certain length
+    for n in (1, 2, 3, 4):
+        est.observe(n)
+    assert list(est.survival()) == [1.0, 0.75, 0.5, 0.25, 0.0, 0.0]
+
+
+def test_survival_counts_running_sequences_as_longer() -> None:
+    # Only 5-token outputs have finished; 10 sequences have generated 50 and still run.
+    est = OutputLenEstimator()
+    for _ in range(10):
+        est.observe(5)
+    assert est.survival()[5] == 0.0
+    est.censor([50] * 10)
+    s = est.survival()
+    assert s[4] == 1.0 and s[5] == s[50] == 0.5 and s[51] == 0.0  # Kaplan-Meier
+    est.censor([])
+    assert est.survival()[5] == 0.0
+
+
+def test_room_frees_as_the_output_distribution_ends_sequences() -> None:
+    # Half the outputs are 101 tokens, half 301: two fresh sequences of 450 tokens each are
+    # expected to hold 2 x 0.5 x 550 = 550 tokens after 100 steps, when 200 more fit; the
+    # mean residual output (200 steps) would have freed nothing before 200.
+    pred = DecodeLoadPredictor(COST, OutputLenEstimator(refresh_every=1))
+    for n in (101, 301) * 64:
+        pred.outputs.observe(n)
+    decode = _Decode([RunningSeq(450, 1), RunningSeq(450, 1)])
+    room = pred.room(decode, 0.0, 0.0, 200)
+    assert room.join_s == pytest.approx(100 * COST.decode_step_s(2, 900))
+    assert room.load == DecodeLoad(2, pytest.approx(550 + 200))
+
+
+def test_predictive_waits_for_a_sequence_longer_than_all_finished() -> None:
+    # Every finished output is 3 tokens, but a 985-token sequence has generated 100 and a
+    # 5-token one 500: the first is expected to reach the 501 tokens the second will have
+    # (401 steps more), so the request waits for it, which no planned 3-token output absorbs.
+    running = [RunningSeq(985, 100), RunningSeq(5, 500)]
+    view = _View([_Prefill()], [_Decode(running)])
+    policy = _predictive([3] * 128)
+    decision = policy.decide(REQ, view)  # type: ignore[attr-defined]
+    assert isinstance(decision, Reject) and decision.reason is RejectReason.TBT
+    step = COST.decode_step_s(2, 990)
+    wait = 401 * step - COST.prefill_s(20)
+    assert decision.predicted == pytest.approx(COST.decode_step_s(1, 20) + wait / 2)

@@ -4,20 +4,24 @@ and when the request gets room there.
 Admitting on the load now lets in every request while decode is light, though all of them
 reach decode together a TTFT later, then refuses everything while they decode: prefill and
 decode load swing in anti-phase (Mooncake, arXiv 2407.00079 v3, section 7). The prediction
-replays instead, in a fluid of decode steps, what the instance will do until the request
-arrives: each running sequence ends after its mean residual output (`OutputLenEstimator`),
-the sequences waiting for KV room and those routed there and still in prefill join in
-order (FIFO, as an engine's waiting queue) as the ends free room, each for a mean output,
-and the request joins after them once its KV fits. The result is the batch it joins and
-how long it waits for room (`DecodeRoom`); a wait is not a miss: it spreads over the
-request's output tokens (`DecodeRoom.tbt_s`).
+replays instead what the instance will do until the request arrives, step by step: each
+running sequence still decodes with the probability the learnt output-length distribution
+gives it, knowing how far it got (`OutputLenEstimator.survival`), so the batch's KV is its
+expectation, not the KV left when every sequence ends after its mean residual output (which
+holds all of it until then and none after: too much soon, too little late, for outputs of
+any spread); the sequences waiting for KV room and those routed there and still in prefill
+join in order (FIFO, as an engine's waiting queue) as soon as their KV fits beside it, and
+the request joins after them. The result is the batch it joins and how long it waits for
+room (`DecodeRoom`); a wait is not a miss: it spreads over the request's output tokens
+(`DecodeRoom.tbt_s`).
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 from typing import NamedTuple
+
+import numpy as np
 
 from kvstore.scheduler.cost_model import CostModel
 from kvstore.scheduler.output_len import OutputLenEstimator
@@ -55,45 +59,59 @@ class DecodeRoom(NamedTuple):
         return step_s + (handoff_s + max(0.0, self.join_s - reach_s)) / steps
 
 
-class _FluidBatch:
-    """Members of a decode batch whose KV grows one token a step of `step_s`, ended in order
-    of their predicted ends; `t` only moves forward."""
+class _ExpectedBatch:
+    """The expected KV tokens and sequences of a decode batch, on a grid `tau` of decode steps
+    from now (integers, ascending, from 0).
 
-    def __init__(self, step_s: float, now_s: float) -> None:
-        self.step_s = step_s
-        self.t = now_s
-        self._ends: list[tuple[float, float]] = []  # heap of (end, KV tokens at time 0)
-        self._base = 0.0  # sum of the members' KV tokens at time 0
+    A member that has generated `g` tokens and holds `c` KV tokens still decodes `t` steps
+    later with probability ``S(g + t) / S(g)`` (`OutputLenEstimator.survival`), holding
+    ``c + t`` tokens then. The batch's KV is a sum over many members that end independently,
+    so it stays close to its expectation; what the batch holds at a step is taken to be that.
+    """
 
-    @property
-    def num_seqs(self) -> int:
-        return len(self._ends)
+    def __init__(self, survival: np.ndarray, tau: np.ndarray) -> None:
+        self._s = survival
+        self.tau = tau
+        self.kv = np.zeros(len(tau))
+        self.seqs = np.zeros(len(tau))
 
-    def context_at(self, t: float) -> float:
-        return self._base + len(self._ends) * t / self.step_s
+    def _alive(self, ages: np.ndarray, since: np.ndarray) -> np.ndarray:
+        """(members, grid): P(still decoding) `since` steps after each was `ages` old; 0
+        before (negative `since`). A member older than any output seen ends within a step."""
+        last = len(self._s) - 1
+        ages = np.minimum(ages, last)
+        x = np.minimum(ages[:, None] + np.floor(np.maximum(since, 0.0))[None, :], last)
+        base = self._s[ages][:, None]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            p = np.where(base > 0, self._s[x.astype(np.int64)] / base, since[None, :] < 1)
+        return np.where(since[None, :] >= 0, p, 0.0)
 
-    def add(self, end_s: float, tokens: float) -> None:
-        """A member holding `tokens` now (at `t`) until `end_s`."""
-        base = tokens - self.t / self.step_s
-        heapq.heappush(self._ends, (end_s, base))
-        self._base += base
+    def add(self, ages: np.ndarray, tokens: np.ndarray, at: float = 0.0) -> None:
+        """Members of `ages` holding `tokens` from step `at` on."""
+        since = self.tau - at
+        alive = self._alive(ages, since)
+        self.kv += ((tokens[:, None] + np.maximum(since, 0.0)[None, :]) * alive).sum(axis=0)
+        self.seqs += alive.sum(axis=0)
 
-    def _end_next(self) -> None:
-        end_s, base = heapq.heappop(self._ends)
-        self.t = max(self.t, end_s)
-        self._base -= base
+    def first_fit(self, at: float, tokens: float, capacity: float) -> float:
+        """The first step from `at` on (at the grid's resolution) at which `tokens` more fit;
+        the grid's end when they fit nowhere on it."""
+        k = max(0, int(np.searchsorted(self.tau, at, side="right")) - 1)
+        fits = np.nonzero(self.kv[k:] + tokens <= capacity)[0]
+        if not fits.size:
+            return max(at, float(self.tau[-1]))
+        return max(at, float(self.tau[k + fits[0]]))
 
-    def make_room(self, arrival_s: float, tokens: float, capacity: float) -> bool:
-        """Moves `t` to the earliest time from `arrival_s` on when `tokens` more fit, ending
-        members as predicted; False (and nothing ended) when they never fit."""
-        if tokens > capacity:
-            return False
-        self.t = max(self.t, arrival_s)
-        while self._ends and self._ends[0][0] <= self.t:
-            self._end_next()
-        while self._ends and self.context_at(self.t) + tokens > capacity:
-            self._end_next()
-        return True
+    def at(self, t: float) -> DecodeLoad:
+        """The expected batch at step `t`."""
+        return DecodeLoad(
+            round(float(np.interp(t, self.tau, self.seqs))),
+            float(np.interp(t, self.tau, self.kv)),
+        )
+
+
+_GRID_POINTS = 1024  # steps a room prediction replays at most; coarser beyond
+_JOINED = np.array([1], dtype=np.int64)  # a sequence reaches decode with its first token
 
 
 class DecodeLoadPredictor:
@@ -114,29 +132,42 @@ class DecodeLoadPredictor:
 
         The sequences ahead of it are those running or waiting now and those incoming
         before `at_s`; one arriving later is not counted: it was or will be admitted
-        against the batch it finds, this one included.
+        against the batch it finds, this one included. Each joins (in order) at the first
+        step its KV fits beside the expected KV of the batch (`_ExpectedBatch`).
         """
-        step = max(self.step_s(current_load(decode)), self.cost.decode_step_s(1, 0))
-        batch = _FluidBatch(step, now_s)
-        queue: list[tuple[float, float]] = []  # (arrival, KV tokens), in join order
-        for seq in decode.running():
-            if seq.is_waiting:
-                queue.append((now_s, seq.context_len))
-            else:
-                batch.add(now_s + self.outputs.remaining(seq.generated) * step, seq.context_len)
-        incoming = sorted(
-            (i.arrival_s, i.input_len) for i in decode.incoming() if i.arrival_s <= at_s
-        )
         capacity = decode.kv_capacity_tokens
-        for arrival, tokens in [*queue, *incoming]:
-            if not batch.make_room(arrival, tokens, capacity):
-                continue  # never fits: the instance will not hold it either
-            batch.add(batch.t + self.outputs.remaining(1) * step, tokens)
-        if not batch.make_room(at_s, input_len, capacity):
+        if input_len > capacity:
             return DecodeRoom(math.inf, DecodeLoad(1, float(input_len)))
-        return DecodeRoom(
-            batch.t, DecodeLoad(batch.num_seqs + 1, batch.context_at(batch.t) + input_len)
+        step = max(self.step_s(current_load(decode)), self.cost.decode_step_s(1, 0))
+        running = [s for s in decode.running() if not s.is_waiting]
+        queue = [(0.0, float(s.context_len)) for s in decode.running() if s.is_waiting]
+        queue += sorted(
+            ((i.arrival_s - now_s) / step, float(i.input_len))
+            for i in decode.incoming()
+            if i.arrival_s <= at_s
         )
+        queue = [(t, n) for t, n in queue if n <= capacity]  # the instance never holds more
+        arrive = (at_s - now_s) / step
+        batch = _ExpectedBatch(self.outputs.survival(), self._grid(arrive, queue, capacity))
+        batch.add(
+            np.array([s.generated for s in running], dtype=np.int64),
+            np.array([s.context_len for s in running], dtype=float),
+        )
+        for t, tokens in queue:
+            batch.add(_JOINED, np.array([tokens]), batch.first_fit(t, tokens, capacity))
+        join = batch.first_fit(arrive, input_len, capacity)
+        load = batch.at(join)
+        join_s = at_s if join <= arrive else now_s + join * step
+        return DecodeRoom(join_s, DecodeLoad(load.num_seqs + 1, load.context_tokens + input_len))
+
+    def _grid(self, arrive: float, queue: list[tuple[float, float]], capacity: int) -> np.ndarray:
+        """Steps from now to replay: past the arrival, by as many longest outputs as the queue
+        ahead takes to drain (it joins as the batch ends), at most `_GRID_POINTS` of them."""
+        longest = len(self.outputs.survival())
+        queued = sum(n for _, n in queue) / capacity
+        horizon = max(arrive, *(t for t, _ in queue), 0.0) + longest * (2 + queued)
+        spacing = max(1, math.ceil(horizon / _GRID_POINTS))
+        return np.arange(0.0, horizon + spacing, spacing)
 
     def decode_s(self) -> float:
         """How long a new request is expected to decode for, at most (at the TBT bound)."""

@@ -3,14 +3,18 @@
 No server knows a request's output length up front. Given that a sequence has generated
 `g` tokens, its expected remaining output is the mean residual life of the observed output
 lengths: E[L - g | L > g] over the last `window` finished requests (and the prior while none
-has finished).
+has finished). The same window gives the survival curve, P(L > x) for every x, which the
+decode-memory prediction replays sequences with (`DecodeLoadPredictor.room`).
 """
 
 from __future__ import annotations
 
 import bisect
 from collections import deque
+from collections.abc import Iterable
 from itertools import accumulate
+
+import numpy as np
 
 
 class OutputLenEstimator:
@@ -25,6 +29,8 @@ class OutputLenEstimator:
         self._since_refresh = 0
         self._sorted: list[int] = []
         self._suffix: list[int] = [0]  # _suffix[i] = sum(_sorted[i:])
+        self._running = np.zeros(0, dtype=np.int64)  # generated tokens of running sequences
+        self._survival: np.ndarray | None = None  # built on first use after each change
 
     def observe(self, output_len: int) -> None:
         """Records a finished request's output length."""
@@ -37,6 +43,7 @@ class OutputLenEstimator:
         self._sorted = sorted(self._window)
         self._suffix = [*reversed(list(accumulate(reversed(self._sorted)))), 0]
         self._since_refresh = 0
+        self._survival = None
 
     @property
     def mean_len(self) -> float:
@@ -64,3 +71,36 @@ class OutputLenEstimator:
         if longer == 0:
             return 1.0  # longer than anything seen: expect it to end soon
         return max(1.0, self._suffix[i] / longer - generated)
+
+    def censor(self, generated: Iterable[int]) -> None:
+        """Sets the sequences decoding now, by tokens generated so far: their outputs are
+        longer, which `survival` counts."""
+        self._running = np.asarray(list(generated), dtype=np.int64)
+        self._survival = None
+
+    def survival(self) -> np.ndarray:
+        """``S[x] = P(L > x)`` for x = 0 .. the longest output seen or running (where it is 0).
+
+        The Kaplan-Meier estimate over the window's outputs and the sequences still running
+        (`censor`), whose outputs are only known to be longer than they are now: while long
+        outputs are still decoding, the short ones that finished first would otherwise stand
+        for all. Before anything is seen, the prior as a certain length. Read-only.
+        """
+        if self._survival is None:
+            self._survival = self._kaplan_meier()
+            self._survival.setflags(write=False)
+        return self._survival
+
+    def _kaplan_meier(self) -> np.ndarray:
+        ends = np.asarray(self._sorted, dtype=np.int64)
+        if not ends.size and not self._running.size:
+            ends = np.array([self._prior_len])
+        size = int(max(ends.max(initial=0), self._running.max(initial=0))) + 2
+        died = np.bincount(ends, minlength=size)  # outputs of exactly x tokens
+        # At risk at x: ended at x or later, or running with x or more generated (L > x - 1).
+        at_risk = np.cumsum((died + np.bincount(self._running, minlength=size))[::-1])[::-1]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            hazard = np.where(at_risk > 0, died / at_risk, 1.0)
+        s = np.cumprod(1.0 - hazard)
+        s[-1] = 0.0  # past everything seen, expect it to end
+        return s

@@ -126,7 +126,9 @@ class CacheAwarePredictivePolicy(CacheAwarePolicy):
     not miss its TBT unless the wait, spread over its output, pushes the mean time between
     tokens over the SLO. The output to plan for is the `planned_output_quantile` of the
     observed output lengths; the request goes to the instance with the lowest predicted TBT
-    and is refused only when that misses the SLO.
+    and is refused only when that misses the SLO. The output-length distribution counts the
+    sequences decoding now as longer than they are (`OutputLenEstimator.censor`): while the
+    first outputs of a run finish, those are the short ones.
     """
 
     name = "cache-aware-predictive"
@@ -140,6 +142,9 @@ class CacheAwarePredictivePolicy(CacheAwarePolicy):
         self, request: SchedRequest, view: ClusterView, reach_s: float, handoff_s: float
     ) -> tuple[int, float, Reject | None]:
         output_len = self.predictor.outputs.quantile(self.planned_output_quantile)
+        self.predictor.outputs.censor(
+            s.generated for d in view.decode for s in d.running() if not s.is_waiting
+        )
         rooms = [
             self.predictor.room(d, view.now_s, reach_s, request.input_len) for d in view.decode
         ]
