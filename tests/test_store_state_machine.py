@@ -654,6 +654,7 @@ class StoreMachine(RuleBasedStateMachine):
         """With nothing leased or reserved, every block can be evicted: fresh blocks of
         twice DRAM's size all get a slot (a chain cycle would pin its blocks forever)."""
         assert self.store is not None
+        self.store.expire()  # the store ends what the model's sweep ends, skipped or not
         self._sweep()
         if self._is_pinned():
             event("flood: skipped, something is pinned")
