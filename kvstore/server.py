@@ -215,7 +215,9 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         )
 
 
-def make_dataplane(store: Store, config: ServerConfig) -> DataPlaneServer | None:
+def make_dataplane(
+    store: Store, config: ServerConfig, metrics: CallMetrics | None = None
+) -> DataPlaneServer | None:
     """The node's UCX data plane, or None when disabled (or absent, with `auto`)."""
     from kvstore.dataplane import TRANSPORTS, is_available
     from kvstore.dataplane.base import ServerSettings
@@ -233,7 +235,7 @@ def make_dataplane(store: Store, config: ServerConfig) -> DataPlaneServer | None
         hello_timeout_s=config.dataplane_hello_timeout_s,
         idle_timeout_s=config.dataplane_idle_timeout_s,
     )
-    dataplane = TRANSPORTS["ucx"].server(store, settings)
+    dataplane = TRANSPORTS["ucx"].server(store, settings, metrics)
     log.info(
         "event=dataplane_on transport=ucx error_handling=%s net_devices=%s",
         config.ucx_error_handling,
@@ -286,9 +288,9 @@ async def serve(store_config: StoreConfig, config: ServerConfig) -> None:
     """Runs a store node until SIGTERM or SIGINT, then drains in-flight calls and exits."""
     config.check_exposure(config.host)
     store = Store(store_config)
-    dataplane = make_dataplane(store, config)
     metrics = start_metrics(store, config)
     call_metrics = metrics[0] if metrics else None
+    dataplane = make_dataplane(store, config, call_metrics)
     server, health_servicer, port = await start_server(store, config, dataplane, call_metrics)
     log.info(
         "event=serving address=%s:%d dram_bytes=%d policy=%s",
@@ -354,9 +356,9 @@ class EmbeddedServer:
 
     def start(self) -> EmbeddedServer:
         self._thread.start()
-        self._dataplane = make_dataplane(self.store, self.config)
         self._metrics = start_metrics(self.store, self.config)
         call_metrics = self._metrics[0] if self._metrics else None
+        self._dataplane = make_dataplane(self.store, self.config, call_metrics)
         started = asyncio.run_coroutine_threadsafe(
             start_server(self.store, self.config, self._dataplane, call_metrics), self._loop
         )

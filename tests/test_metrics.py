@@ -20,7 +20,7 @@ from kvstore.client import Client
 from kvstore.keys import KVLayout, Namespace, block_keys
 from kvstore.metrics import StoreCollector
 from kvstore.store import Store, StoreConfig
-from tests.conftest import free_port
+from tests.conftest import free_port, require_extra
 
 DASHBOARD = Path(__file__).parents[1] / "deploy/grafana/kvstore-dashboard.json"
 
@@ -159,3 +159,27 @@ def test_the_grafana_dashboard_queries_only_what_a_server_exports(served):
     queried = {name for expr in exprs for name in re.findall(r"\bkvstore_\w+", expr)}
     assert len(queried) >= 20
     assert queried <= exported, queried - exported
+
+
+def test_the_data_plane_counts_its_calls_bytes_and_refusals(store_factory):
+    require_extra("ucxx")
+    port = free_port()
+    store = store_factory("--dram-bytes", "64MiB", "--metrics-port", str(port))
+    keys = _chain(4)
+    into = [np.empty(NS.block_bytes, np.uint8) for _ in keys]
+    with Client(store.address, timeout_s=10.0, transport="ucx") as client:
+        client.register_namespace(NS)
+        assert client.put_chain(NS.id, keys, _blocks(keys)).num_stored == 4
+        assert client.get_into(NS.id, keys, into) == (True,) * 4
+        with pytest.raises(errors.UnknownNamespaceError):
+            client.get_into(UNKNOWN_NS.id, keys[:1], into[:1])
+    m = _scrape(port)
+    assert (
+        _value(m, "kvstore_received_bytes_total", plane="ucx", method="put") == 4 * NS.block_bytes
+    )
+    assert _value(m, "kvstore_sent_bytes_total", plane="ucx", method="get") == 4 * NS.block_bytes
+    assert _value(m, "kvstore_request_duration_seconds_count", plane="ucx", method="get") == 2
+    assert _value(m, "kvstore_request_duration_seconds_count", plane="ucx", method="put") >= 1
+    rejected = "kvstore_rejected_requests_total"
+    assert _value(m, rejected, plane="ucx", method="get", error="UnknownNamespaceError") == 1
+    assert _value(m, "kvstore_sent_bytes_total", plane="grpc", method="Get") == 0  # none via gRPC

@@ -47,6 +47,7 @@ from kvstore.dataplane.base import Admission, DataPlaneServer, ServerSettings
 from kvstore.dataplane.buffers import as_transfer_buffer
 from kvstore.dataplane.frames import Op, Reply, Request, RequestTags
 from kvstore.dataplane.runtime import UcxRuntime, with_deadline
+from kvstore.metrics import CallMetrics
 from kvstore.results import PutStatus
 from kvstore.store import Store
 
@@ -69,9 +70,15 @@ class _Connection:
 class UcxServer(DataPlaneServer):
     """Serves `store` over a UCX worker on its own thread."""
 
-    def __init__(self, store: Store, settings: ServerSettings | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        settings: ServerSettings | None = None,
+        metrics: CallMetrics | None = None,
+    ) -> None:
         self.store = store
         self.settings = settings or ServerSettings()
+        self.metrics = metrics  # plane "ucx": calls, bytes, rejections by error class
         self.timeout_s = self.settings.timeout_s
         ucx_config = {"NET_DEVICES": self.settings.net_devices} if self.settings.net_devices else {}
         self._rt = UcxRuntime("kvstore-ucx-server", ucx_config)
@@ -209,6 +216,7 @@ class UcxServer(DataPlaneServer):
 
     async def _handle(self, conn: _Connection, req: Request) -> None:
         tags = RequestTags.of(conn.tags, req.request_id)
+        start = time.perf_counter()
         try:
             if req.op is Op.GET:
                 await self._get(conn, tags, req)
@@ -222,8 +230,13 @@ class UcxServer(DataPlaneServer):
             self._drop(conn.client_id, "error")
         finally:
             conn.in_flight.discard(req.request_id)
+            if self.metrics is not None:
+                self.metrics.observe("ucx", req.op.name.lower(), time.perf_counter() - start, None)
 
-    async def _reply(self, ep: Any, reply: Reply, tag: int) -> None:
+    async def _reply(self, ep: Any, reply: Reply, tag: int, op: Op) -> None:
+        if reply.error is not None and self.metrics is not None:
+            error = type(reply.error).__name__
+            self.metrics.rejected.labels("ucx", op.name.lower(), error).inc()
         sent = transfers.post_sends(ep, [frames.encode_reply(reply)], [tag])
         await with_deadline(transfers.wait_all(sent), self.timeout_s)
 
@@ -247,7 +260,7 @@ class UcxServer(DataPlaneServer):
             self._check_block_bytes(req)
             lease = self.store.acquire(req.namespace_id, req.keys, True, conn.peer)
         except errors.KVStoreError as exc:
-            await self._reply(conn.ep, Reply(error=exc), tags.reply)
+            await self._reply(conn.ep, Reply(error=exc), tags.reply, Op.GET)
             return
         try:
             hits = [i for i, v in enumerate(lease.views) if v is not None]
@@ -263,6 +276,8 @@ class UcxServer(DataPlaneServer):
             # The sends read the slots: they must end (or be cancelled) while the lease holds.
             deadline_s = min(self.timeout_s, 0.9 * self.store.config.lease_timeout_s)
             await with_deadline(transfers.wait_all(sends), deadline_s)
+            if self.metrics is not None:
+                self.metrics.moved("ucx", "get", 0, len(hits) * req.block_bytes)
         except BaseException:
             self._drop(conn.client_id, "get_failed")  # cancel sends that still read the slots
             raise
@@ -275,7 +290,7 @@ class UcxServer(DataPlaneServer):
         try:
             self._check_block_bytes(req)  # a wrong size is never drained (module docstring)
         except errors.KVStoreError as exc:
-            await self._reply(conn.ep, Reply(error=exc), tags.reply)
+            await self._reply(conn.ep, Reply(error=exc), tags.reply, Op.PUT)
             return
         try:
             reserved = self.store.reserve(req.namespace_id, req.keys, req.parents, conn.peer)
@@ -290,7 +305,7 @@ class UcxServer(DataPlaneServer):
             slots = [views[i] for i in todo]
             receives = transfers.post_receives(conn.ep, slots, [tags.block(i) for i in todo])
             drains = self._drain(conn, tags, req, set(todo))
-            await self._reply(conn.ep, Reply(flags, rid, req.block_bytes), tags.reply)
+            await self._reply(conn.ep, Reply(flags, rid, req.block_bytes), tags.reply, Op.PUT)
             crcs = await with_deadline(self._land(receives, slots, drains), self.timeout_s)
         except BaseException:
             self._drop(conn.client_id, "put_failed")  # cancel receives into the slots first
@@ -324,7 +339,7 @@ class UcxServer(DataPlaneServer):
     ) -> None:
         """Replies `exc`; an eager client sent its blocks anyway: they are drained first."""
         drains = self._drain(conn, tags, req, set())
-        await self._reply(conn.ep, Reply(error=exc), tags.reply)
+        await self._reply(conn.ep, Reply(error=exc), tags.reply, Op.PUT)
         try:
             await with_deadline(transfers.wait_all(drains), self.timeout_s)
         except BaseException:
@@ -340,9 +355,11 @@ class UcxServer(DataPlaneServer):
         except errors.KVStoreError as exc:
             self._abort_quietly(rid, conn.peer)
             log.warning("event=ucx_put_rejected client=%d error=%s", conn.client_id, exc)
-            await self._reply(conn.ep, Reply(error=exc), tags.done)
+            await self._reply(conn.ep, Reply(error=exc), tags.done, Op.PUT)
             return
-        await self._reply(conn.ep, Reply(), tags.done)
+        if self.metrics is not None:
+            self.metrics.moved("ucx", "put", len(crcs) * req.block_bytes, 0)
+        await self._reply(conn.ep, Reply(), tags.done, Op.PUT)
 
     def _abort_quietly(self, rid: int, owner: str) -> None:
         with contextlib.suppress(errors.KVStoreError):
