@@ -13,8 +13,10 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kvstore import chains, errors, requests
+from kvstore.auth import ANONYMOUS
 from kvstore.index import BlockIndex, BlockState, Entry, block_id
 from kvstore.keys import Namespace
 from kvstore.leases import Lease, Leases, OpenLease
@@ -28,10 +30,14 @@ from kvstore.results import (
     PutStatus,
     ReserveResult,
     StoreStats,
+    TierUsage,
 )
 from kvstore.store_config import StoreConfig
 from kvstore.store_counters import StoreCounters
 from kvstore.tiering import Tiering
+
+if TYPE_CHECKING:
+    from kvstore.tenancy.quotas import TenantQuotas
 
 __all__ = ["Clock", "Lease", "Store", "StoreConfig"]
 log = logging.getLogger("kvstore.store")
@@ -44,15 +50,21 @@ class Store:
 
     With an SSD tier, a store opened on an existing `ssd_path` serves every block that was
     written there before, and the namespaces registered then. Call `close` when done.
+
+    Namespace ids here are the store's own: a node with tenants registers each tenant's
+    namespaces under internal ids (`kvstore.tenancy`), and the store charges every block to
+    the tenant of its namespace, against that tenant's `quotas` (None: no quotas).
     """
 
     config: StoreConfig = field(default_factory=StoreConfig)
     clock: Clock = time.monotonic
+    quotas: TenantQuotas | None = None
 
     def __post_init__(self) -> None:
         self._lock = threading.RLock()
         self._index = BlockIndex()
-        self._tiering = Tiering(self.config, self._index, self._lock)
+        tenant_of = self._tenant_of  # bound now; the namespaces it reads come next
+        self._tiering = Tiering(self.config, self._index, self._lock, self.quotas, tenant_of)
         self._namespaces = Namespaces(self.config, self._tiering)
         self._reservations = Reservations(self.config)
         self._leases = Leases(self.config)
@@ -82,17 +94,31 @@ class Store:
 
     # -- namespaces ----------------------------------------------------------------------
 
-    def register_namespace(self, namespace: Namespace) -> NamespaceInfo:
-        """Makes `namespace` known; idempotent.
+    def register_namespace(
+        self,
+        namespace: Namespace,
+        namespace_id: bytes | None = None,
+        tenant: str = ANONYMOUS,
+        max_per_tenant: int | None = None,
+    ) -> NamespaceInfo:
+        """Makes `namespace` known; idempotent. Returns its own id, whatever it is filed as.
+
+        `namespace_id`: the id to file it under (default its own); `tenant`: whose it is,
+        registering at most `max_per_tenant` of them (None: no limit).
 
         Raises `FieldTooLargeError` for a field over the node's limits, InvalidArgumentError
-        if its blocks cannot fit a tier, `TooManyNamespacesError` past `max_namespaces`,
-        `StoreFullError` (registering nothing) when a full disk cannot store it.
+        if its blocks cannot fit a tier, `TooManyNamespacesError` past `max_namespaces` (or
+        `max_per_tenant`), `StoreFullError` (registering nothing) when a full disk cannot
+        store it.
         """
         self._namespaces.validate(namespace)
         with self._lock:
-            self._namespaces.register(namespace)
+            self._namespaces.register(namespace, namespace_id, tenant, max_per_tenant)
         return NamespaceInfo(namespace.id, namespace.block_bytes)
+
+    def is_registered(self, namespace_id: bytes) -> bool:
+        with self._lock:
+            return namespace_id in self._namespaces
 
     def namespace(self, namespace_id: bytes) -> Namespace:
         """The registered namespace `namespace_id` (else `UnknownNamespaceError`)."""
@@ -100,11 +126,21 @@ class Store:
 
     # -- reads ---------------------------------------------------------------------------
 
-    def match(self, namespace_id: bytes, keys: Sequence[bytes]) -> MatchResult:
-        """Longest committed prefix of `keys`, with the tier of each hit. Changes nothing."""
+    def match(
+        self, namespace_id: bytes, keys: Sequence[bytes], fallback_id: bytes | None = None
+    ) -> MatchResult:
+        """Longest committed prefix of `keys`, with the tier of each hit. Changes nothing.
+
+        `fallback_id`: a namespace (of the same layout) each key is also looked up in, where
+        `namespace_id` does not have it (a tenant's read of the public namespace)."""
         with self._lock:
             self._check_keys(namespace_id, keys)
-            hits = self._index.match(namespace_id, keys)
+            hits = []
+            for key in keys:
+                entry = self._readable(namespace_id, key, fallback_id)
+                if entry is None:
+                    break
+                hits.append(entry)
             return MatchResult(len(hits), tuple(e.tier for e in hits))
 
     def acquire(
@@ -113,19 +149,21 @@ class Store:
         keys: Sequence[bytes],
         device: bool = False,
         owner: str = LOCAL_OWNER,
+        fallback_id: bytes | None = None,
     ) -> Lease:
         """Leases the committed blocks among `keys` for reading; misses get no view.
 
         A block whose checksum fails is removed and reported as a miss. `device`: the
         reader takes device memory, so blocks with a device copy (HBM) are served from it,
         and the others read from DRAM get one for next time. `owner`: the client the lease
-        counts against (`TooManyLeasesError` past its limit or the node's).
+        counts against (`TooManyLeasesError` past its limit or the node's). `fallback_id`:
+        as in `match`.
         """
         with self._lock:
             self.expire()
             self._check_keys(namespace_id, keys)
             self._leases.check_limit(owner)
-            entries = [self._index.readable(namespace_id, key) for key in keys]
+            entries = [self._readable(namespace_id, key, fallback_id) for key in keys]
             block_tokens = self._namespaces.get(namespace_id).layout.block_tokens
             views, hits = self._tiering.read(entries, device, block_tokens)
             self._counters.hits += len(hits)
@@ -196,7 +234,7 @@ class Store:
             if not todo:
                 return ReserveResult(NO_RESERVATION, tuple(statuses))
             self._reservations.check_limit(owner)
-            slots = self._tiering.allocate(block_bytes, len(todo))
+            slots = self._tiering.allocate(block_bytes, len(todo), self._tenant_of(namespace_id))
             entries = {
                 i: Entry(keys[i], namespace_id, parents[i], block_bytes, slot)
                 for i, slot in zip(todo, slots, strict=True)
@@ -327,6 +365,41 @@ class Store:
             sizes = (num_blocks, len(self._namespaces), len(self._reservations), len(self._leases))
             return self._counters.stats(sizes, self._tiering.counters, self._tiering.usage())
 
+    def tenant_usage(self, tenant: str) -> tuple[int, tuple[TierUsage, ...]]:
+        """`tenant`'s committed blocks, and what it holds of each tier: its quota there as
+        the capacity (the tier's own without one), the bytes and blocks it holds; O(blocks)."""
+        with self._lock:
+            mine = [
+                e
+                for e in self._index
+                if e.is_readable and self._tenant_of(e.namespace_id) == tenant
+            ]
+            held = self._tiering.tenant_bytes()
+            rows = []
+            for tier in self._tiering.usage():
+                if tier.name not in held:
+                    continue
+                quota = self._tiering.quota(tenant, tier.name)
+                in_tier = (e.slot is not None if tier.name == "dram" else e.on_ssd for e in mine)
+                capacity = tier.capacity_bytes if quota is None else quota
+                used = held[tier.name].get(tenant, 0)
+                rows.append(TierUsage(tier.name, capacity, used, sum(in_tier)))
+            return len(mine), tuple(rows)
+
+    def has_key(self, namespace_id: bytes, key: bytes) -> bool:
+        """Whether `key` is committed in `namespace_id`."""
+        with self._lock:
+            return self._index.readable(namespace_id, key) is not None
+
+    def num_namespaces_of(self, tenant: str) -> int:
+        with self._lock:
+            return self._namespaces.num_of(tenant)
+
+    def tenant_bytes(self) -> dict[str, dict[str, int]]:
+        """tier -> tenant -> bytes held (what the operator's metrics show)."""
+        with self._lock:
+            return self._tiering.tenant_bytes()
+
     def demote_now(self) -> int:
         """Runs one demotion pass now (tests, benchmarks); returns blocks demoted."""
         return self._tiering.demote_pass() if self._tiering.ssd is not None else 0
@@ -346,6 +419,15 @@ class Store:
                 assert entry.num_leases == live, f"lease count of {entry.key.hex()[:8]} is off"
 
     # -- internals -----------------------------------------------------------------------
+
+    def _tenant_of(self, namespace_id: bytes) -> str:
+        return self._namespaces.tenant_of(namespace_id)
+
+    def _readable(self, namespace_id: bytes, key: bytes, fallback_id: bytes | None) -> Entry | None:
+        entry = self._index.readable(namespace_id, key)
+        if entry is None and fallback_id is not None:
+            entry = self._index.readable(fallback_id, key)
+        return entry
 
     def _check_keys(self, namespace_id: bytes, keys: Sequence[bytes]) -> None:
         self.namespace(namespace_id)

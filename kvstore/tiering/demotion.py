@@ -67,22 +67,22 @@ class Demotion:
         the policy will not demote; returns them, the DRAM policy's hints for them, and how
         many blocks were freed."""
         dram = self.dram
-        low = self.config.dram_low_watermark * dram.tier.capacity_bytes
-        excess = dram.tier.stats().used_bytes - low
         to_write: list[Entry] = []
         hints: dict[bytes, BlockHint | None] = {}
         num_freed = 0
-        while excess > 0 and (victim := dram.victim(None)) is not None:
-            excess -= victim.nbytes
-            if victim.on_ssd or not dram.policy.should_demote(victim.block_id):
-                dram.evict_now(victim)
-                num_freed += 1
-                continue
-            hints[victim.block_id] = dram.policy.hint(victim.block_id)
-            dram.policy.remove(victim.block_id)
-            victim.is_demoting = True
-            victim.num_leases += 1
-            to_write.append(victim)
+        # With quotas, each tenant over its quota's watermark gives up its own blocks only.
+        for tenant, excess in dram.excess(self.config.dram_low_watermark):
+            while excess > 0 and (victim := dram.victim(None, tenant)) is not None:
+                excess -= victim.nbytes
+                if victim.on_ssd or not dram.policy.should_demote(victim.block_id):
+                    dram.evict_now(victim)
+                    num_freed += 1
+                    continue
+                hints[victim.block_id] = dram.policy.hint(victim.block_id)
+                dram.policy.remove(victim.block_id)
+                victim.is_demoting = True
+                victim.num_leases += 1
+                to_write.append(victim)
         return to_write, hints, num_freed
 
     def _drop_unwritten(self, entries: list[Entry]) -> int:

@@ -3,6 +3,12 @@
 A victim that is on SSD is clean and leaves DRAM at once; one that is not is written to
 SSD first when the DRAM policy thinks it worth keeping (`should_demote`), else dropped:
 DRAM blocks are a cache. A block leaving DRAM leaves HBM with it (HBM is inclusive).
+
+With tenant quotas (`tenant_bytes`), a tenant's slots count against its DRAM quota; a put
+that would take it over evicts that tenant's own blocks, in the policy's order restricted to
+them, and never another's (`StoreFullError` naming the quota when its own cannot make room).
+Demotion then works per tenant too: a tenant over the high watermark of its quota is cleaned
+down to the low watermark of its quota.
 """
 
 from __future__ import annotations
@@ -10,15 +16,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from kvstore import errors
+from kvstore.auth import ANONYMOUS
 from kvstore.index import BlockIndex, Entry
 from kvstore.policy import BlockHint, EvictionPolicy
 from kvstore.tiering.hbm import HbmCache
 from kvstore.tiering.slots import MemorySlots
 from kvstore.tiering.ssd_space import SsdSpace
 from kvstore.tiering.ssd_writes import SsdWriter
+from kvstore.tiering.tenant_bytes import ChargedDram, TenantOf
 from kvstore.tiering.usage import TieringCounters
 from tiers.base import Slot
-from tiers.dram import DramTier
 
 
 class DramSpace:
@@ -27,13 +34,15 @@ class DramSpace:
     def __init__(
         self,
         index: BlockIndex,
-        tier: DramTier,
+        tier: ChargedDram,
         policy: EvictionPolicy,
         counters: TieringCounters,
         hbm: HbmCache | None,
         writer: SsdWriter | None,
+        tenant_of: TenantOf = lambda namespace_id: ANONYMOUS,
     ) -> None:
         self.index = index
+        self.tenant_of = tenant_of
         self.tier = tier
         self.policy = policy
         self.counters = counters
@@ -42,30 +51,30 @@ class DramSpace:
         self.ssd_space: SsdSpace | None = None if writer is None else writer.space
         self._slots = MemorySlots(tier)
 
-    def allocate(self, nbytes: int, count: int) -> list[Slot]:
-        """`count` DRAM slots, evicting as needed; all or nothing (StoreFullError)."""
+    def allocate(self, nbytes: int, count: int, tenant: str = ANONYMOUS) -> list[Slot]:
+        """`count` DRAM slots charged to `tenant`, evicting as needed (with quotas, only the
+        tenant's own blocks); all or nothing (StoreFullError)."""
         slots: list[Slot] = []
         try:
             for _ in range(count):
-                slot = self.tier.allocate(nbytes)
-                while slot is None:
-                    self._evict_one(nbytes)
-                    slot = self.tier.allocate(nbytes)
-                slots.append(slot)
+                slots.append(self._allocate_one(nbytes, tenant))
         except errors.StoreFullError:
             for slot in slots:
                 self.tier.free(slot)
             raise
         return slots
 
-    def victim(self, nbytes: int | None) -> Entry | None:
-        """The policy's best evictable block, preferring one of the slot size of `nbytes`."""
+    def victim(self, nbytes: int | None, tenant: str | None = None) -> Entry | None:
+        """The policy's best evictable block (of `tenant`, unless None), preferring one of
+        the slot size of `nbytes`."""
         size_class = None if nbytes is None else self.tier.size_class(nbytes)
         fallback = None
         for key in self.policy.candidates():
             entry = self.index.get(key)
             assert entry is not None and entry.slot is not None, "DRAM policy is stale"
             if not entry.is_evictable:
+                continue
+            if tenant is not None and self.tenant_of(entry.namespace_id) != tenant:
                 continue
             if size_class in (None, self.tier.size_class(entry.nbytes)):
                 return entry
@@ -101,7 +110,21 @@ class DramSpace:
             self.hbm.end_lease(entry)
 
     def is_over(self, fraction: float) -> bool:
-        return self.tier.stats().used_bytes > fraction * self.tier.capacity_bytes
+        """Whether DRAM (with quotas: some tenant's quota) is fuller than `fraction`."""
+        return any(excess > 0 for _, excess in self.excess(fraction))
+
+    def excess(self, fraction: float) -> list[tuple[str | None, float]]:
+        """Bytes over `fraction` of the tier, as `[(None, bytes)]`; with quotas, of each
+        tenant's quota, as `[(tenant, bytes), ...]` (negative: under it)."""
+        tenants = self.tier.tenants
+        if not tenants.has_quotas:
+            return [(None, self.tier.stats().used_bytes - fraction * self.tier.capacity_bytes)]
+        out: list[tuple[str | None, float]] = []
+        for tenant, held in tenants.by_tenant().items():
+            quota = tenants.quota(tenant)
+            if quota is not None:
+                out.append((tenant, held - fraction * quota))
+        return out
 
     def write_out(self, entries: list[Entry], hints: Mapping[bytes, BlockHint | None]) -> None:
         """Writes `entries` to SSD now, under the lock (the eviction path's fallback). If
@@ -122,9 +145,33 @@ class DramSpace:
         assert in_dram == len(self.policy), "DRAM policy and entries disagree"
         assert not any(e.is_demoting for e in entries), "demotion left a pin"
         self._slots.check(sum(e.slot is not None for e in entries))
+        charged = sum(self.tier.tenants.by_tenant().values())
+        assert charged == self.tier.stats().used_bytes, "DRAM tenant bytes are off"
 
-    def _evict_one(self, nbytes: int) -> None:
-        victim = self.victim(nbytes)
+    def _allocate_one(self, nbytes: int, tenant: str) -> Slot:
+        tenants = self.tier.tenants
+        while tenants.room(tenant, nbytes) > 0:
+            self._evict_one(nbytes, tenant, is_quota=True)
+        scope = tenant if tenants.has_quotas else None
+        slot = self._take(nbytes, tenant)
+        while slot is None:
+            self._evict_one(nbytes, scope)
+            slot = self._take(nbytes, tenant)
+        return slot
+
+    def _take(self, nbytes: int, tenant: str) -> Slot | None:
+        with self.tier.charged_to(tenant):
+            return self.tier.allocate(nbytes)
+
+    def _evict_one(self, nbytes: int, tenant: str | None = None, is_quota: bool = False) -> None:
+        victim = self.victim(nbytes, tenant)
+        if victim is None and is_quota:
+            tenants = self.tier.tenants
+            raise errors.StoreFullError(
+                f"tenant {tenant} holds {tenants.held(tenant or '')} bytes of its DRAM quota of "
+                f"{tenants.quota(tenant or '')}; none of its blocks can make room for {nbytes} "
+                "more (leased or reserved)"
+            )
         if victim is None:
             raise errors.StoreFullError(
                 f"no evictable block for {nbytes} bytes: DRAM is leased or reserved"

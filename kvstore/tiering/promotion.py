@@ -28,7 +28,8 @@ class Promotion:
         assert entry.on_ssd
         entry.num_leases += 1  # pinned: allocating below must not evict it from SSD
         try:
-            slot = self.dram.allocate(entry.nbytes, 1)[0]
+            tenant = self.dram.tenant_of(entry.namespace_id)  # charged to its tenant
+            slot = self.dram.allocate(entry.nbytes, 1, tenant)[0]
         except errors.StoreFullError:
             slot = None  # DRAM is all leased: serve from a private buffer, no promotion
         finally:

@@ -64,7 +64,11 @@ class SsdWriter:
         """The transaction that writes `entries`, with the deletes that make room for them."""
         if not entries:
             return Batch([], [], [])
-        copies, dropped = self.space.make_room(sum(e.nbytes for e in entries))
+        by_tenant: dict[str, int] = {}
+        for e in entries:
+            tenant = self.space.tenant_of(e.namespace_id)
+            by_tenant[tenant] = by_tenant.get(tenant, 0) + e.nbytes
+        copies, dropped = self.space.make_room(sum(by_tenant.values()), by_tenant)
         records = []
         for e in entries:
             assert e.slot is not None

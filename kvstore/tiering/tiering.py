@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import lmdb
 
 from kvstore import errors
+from kvstore.auth import ANONYMOUS
 from kvstore.checksum import checksum
 from kvstore.index import BlockIndex, Entry
 from kvstore.policy import make_policy
@@ -23,13 +24,14 @@ from kvstore.tiering.promotion import Promotion
 from kvstore.tiering.recovery import recover_index
 from kvstore.tiering.ssd_space import SsdSpace
 from kvstore.tiering.ssd_writes import SsdWriter
+from kvstore.tiering.tenant_bytes import ChargedDram, TenantBytes, TenantOf
 from kvstore.tiering.usage import TieringCounters, usage
 from tiers.base import Slot, Tier
-from tiers.dram import DramTier
 from tiers.ssd import SsdTier
 
 if TYPE_CHECKING:
     from kvstore.store_config import StoreConfig
+    from kvstore.tenancy.quotas import TenantQuotas
 
 log = logging.getLogger(__name__)
 
@@ -39,14 +41,27 @@ class Tiering:
 
     `dram`, `ssd` (None without an SSD tier) and `hbm` (None without an HBM tier) are the
     tiers; `dram_policy` and `ssd_policy` order their blocks; `counters` count events.
+    `quotas`: bytes each tenant may hold in DRAM and on SSD (None: no limits); `tenant_of`
+    names the tenant of a namespace id.
     """
 
-    def __init__(self, config: StoreConfig, index: BlockIndex, lock: threading.RLock) -> None:
+    def __init__(
+        self,
+        config: StoreConfig,
+        index: BlockIndex,
+        lock: threading.RLock,
+        quotas: TenantQuotas | None = None,
+        tenant_of: TenantOf = lambda namespace_id: ANONYMOUS,
+    ) -> None:
         self.config = config
         self.index = index
         self.lock = lock
         self.counters = TieringCounters()
-        self.dram = DramTier(config.dram_bytes, config.slab_bytes)
+        self.tenant_of = tenant_of
+        dram_quota = None if quotas is None else (lambda t: quotas.quota(t, "dram"))
+        self.dram = ChargedDram(config.dram_bytes, config.slab_bytes, dram_quota)
+        ssd_quota = None if quotas is None else (lambda t: quotas.quota(t, "ssd"))
+        self.ssd_tenants = TenantBytes(ssd_quota)
         self.ssd = (
             SsdTier(config.ssd_path, config.ssd_bytes, config.ssd_sync) if config.ssd_path else None
         )
@@ -57,9 +72,13 @@ class Tiering:
         self._ssd_space: SsdSpace | None = None
         self._writer: SsdWriter | None = None
         if self.ssd is not None:
-            self._ssd_space = SsdSpace(config, index, self.ssd, self.ssd_policy, counters)
+            self._ssd_space = SsdSpace(
+                config, index, self.ssd, self.ssd_policy, counters, self.ssd_tenants, tenant_of
+            )
             self._writer = SsdWriter(index, lock, self.dram, self._ssd_space, counters)
-        self._dram = DramSpace(index, self.dram, self.dram_policy, counters, self.hbm, self._writer)
+        self._dram = DramSpace(
+            index, self.dram, self.dram_policy, counters, self.hbm, self._writer, tenant_of
+        )
         self._promotion: Promotion | None = None
         self._demotion: Demotion | None = None
         if self._ssd_space is not None and self._writer is not None:
@@ -73,9 +92,21 @@ class Tiering:
 
     # -- placement -----------------------------------------------------------------------
 
-    def allocate(self, nbytes: int, count: int) -> list[Slot]:
-        """`count` DRAM slots, evicting as needed; all or nothing (StoreFullError)."""
-        return self._dram.allocate(nbytes, count)
+    def allocate(self, nbytes: int, count: int, tenant: str = ANONYMOUS) -> list[Slot]:
+        """`count` DRAM slots charged to `tenant`, evicting as needed (with quotas, only
+        the tenant's own blocks); all or nothing (StoreFullError)."""
+        return self._dram.allocate(nbytes, count, tenant)
+
+    def tenant_bytes(self) -> dict[str, dict[str, int]]:
+        """tier -> tenant -> bytes the tenant holds there."""
+        out = {"dram": self.dram.tenants.by_tenant()}
+        if self.ssd is not None:
+            out["ssd"] = self.ssd_tenants.by_tenant()
+        return out
+
+    def quota(self, tenant: str, tier: str) -> int | None:
+        """`tenant`'s quota in `tier` ("dram" or "ssd"), None for none."""
+        return (self.dram.tenants if tier == "dram" else self.ssd_tenants).quota(tenant)
 
     def free_reserved(self, entry: Entry) -> None:
         """Frees the slot of a reserved block that will not be committed (out of the index)."""
