@@ -28,20 +28,23 @@ from prometheus_client import CollectorRegistry
 from kvstore import grpc_service, wire
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
-from kvstore.auth import ListenerSecurity
+from kvstore.auth import Authenticator, ListenerSecurity
 from kvstore.config import option, parse_bytes
 from kvstore.dataplane.base import DataPlaneServer
 from kvstore.errors import InvalidArgumentError, KVStoreError, UnavailableError
 from kvstore.metrics import CallMetrics, MetricsExporter, StoreCollector
 from kvstore.store import Clock, Store, StoreConfig
+from kvstore.tenancy import Tenants, TenantScope
+from kvstore.tenancy.settings import TenancySettings
 
 log = logging.getLogger("kvstore.server")
 T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class ServerConfig(ListenerSecurity):
-    """Where and how the gRPC service listens (and, from `ListenerSecurity`, who may call)."""
+class ServerConfig(TenancySettings, ListenerSecurity):
+    """Where and how the gRPC service listens (from `ListenerSecurity`, who may call; from
+    `TenancySettings`, what tenants may see and hold)."""
 
     host: str = option("127.0.0.1", "address to listen on")
     port: int = option(50051, "gRPC port (0 picks a free one)")
@@ -81,6 +84,7 @@ class ServerConfig(ListenerSecurity):
         if not 0 < self.chunk_bytes < self.max_message_bytes:
             raise InvalidArgumentError("chunk_bytes must be positive and below max_message_bytes")
         self.check_security()
+        self.check_tenancy()
 
     @property
     def address(self) -> str:
@@ -111,31 +115,50 @@ def _unary(
 
 
 class KVStoreServicer(pb_grpc.KVStoreServicer):
+    """Each call acts through the scope of the tenant its token names (`kvstore.tenancy`):
+    the namespace ids it carries are that tenant's own, mapped before the store sees them."""
+
     def __init__(
-        self, store: Store, chunk_bytes: int, dataplane: DataPlaneServer | None = None
+        self,
+        store: Store,
+        chunk_bytes: int,
+        dataplane: DataPlaneServer | None = None,
+        tenants: Tenants | None = None,
+        auth: Authenticator | None = None,
     ) -> None:
         self.store = store
         self.chunk_bytes = chunk_bytes
         self.dataplane = dataplane
+        self.tenants = tenants or Tenants(store, None)
+        self.auth = auth or Authenticator(None)
+
+    def _tenant(self, context: grpc.aio.ServicerContext) -> str:
+        return self.auth.tenant(context.invocation_metadata())  # admitted: known already
+
+    def _scope(self, context: grpc.aio.ServicerContext) -> TenantScope:
+        return self.tenants.scope(self._tenant(context))
 
     @_unary
     async def RegisterNamespace(self, request, context):
         limits = self.store.config.namespace_limits  # checked before the namespace is built
         namespace = wire.namespace_from_pb(request.namespace, limits)
-        info = self.store.register_namespace(namespace)
+        info = self._scope(context).register_namespace(namespace)
         return pb.RegisterNamespaceResponse(
             namespace_id=info.namespace_id, block_bytes=info.block_bytes
         )
 
     @_unary
     async def Match(self, request, context):
-        return wire.match_to_pb(self.store.match(request.namespace_id, list(request.keys)))
+        scope = self._scope(context)
+        return wire.match_to_pb(scope.match(request.namespace_id, list(request.keys)))
 
     @_unary
     async def Reserve(self, request, context):
         parents = wire.parents_from_pb(request.parent_keys)
-        owner = context.peer()  # the client, until clients authenticate
-        result = self.store.reserve(request.namespace_id, list(request.keys), parents, owner)
+        owner = context.peer()  # the client; with tenants, the scope makes it the tenant
+        result = self._scope(context).reserve(
+            request.namespace_id, list(request.keys), parents, owner
+        )
         return wire.reserve_to_pb(result)
 
     @_unary
@@ -145,37 +168,39 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         or just ending: grpc.aio ends a cancelled stream as if it had finished)."""
         starts = {}  # (reservation, block) -> the offset this stream began it at
         total = 0
+        scope = self._scope(context)
         try:
             async for chunk in request_iterator:
-                self.store.write(
+                scope.write(
                     chunk.reservation_id, chunk.index, chunk.offset, chunk.data, context.peer()
                 )
                 starts.setdefault((chunk.reservation_id, chunk.index), chunk.offset)
                 total += len(chunk.data)
         finally:
             for (reservation_id, index), offset in starts.items():
-                self.store.rewind(reservation_id, index, offset, context.peer())  # whole: no-op
+                scope.rewind(reservation_id, index, offset, context.peer())  # whole: no-op
         return pb.WriteResponse(bytes_written=total)
 
     @_unary
     async def Commit(self, request, context):
-        num = self.store.commit(request.reservation_id, owner=context.peer())
+        num = self._scope(context).commit(request.reservation_id, owner=context.peer())
         return pb.CommitResponse(num_committed=num)
 
     @_unary
     async def Abort(self, request, context):
-        self.store.abort(request.reservation_id, context.peer())
+        self._scope(context).abort(request.reservation_id, context.peer())
         return pb.AbortResponse()
 
     async def Get(self, request, context) -> AsyncIterator[pb.GetResponse]:
         try:
             keys = list(request.keys)
-            lease = self.store.acquire(request.namespace_id, keys, owner=context.peer())
+            scope = self._scope(context)
+            lease = scope.acquire(request.namespace_id, keys, owner=context.peer())
         except KVStoreError as exc:
             await grpc_service.abort(context, exc)
             return
         try:
-            block_bytes = self.store.namespace(request.namespace_id).block_bytes
+            block_bytes = scope.namespace(request.namespace_id).block_bytes
             sums = [c for c, hit in zip(lease.checksums, lease.found, strict=True) if hit]
             header = pb.GetHeader(found=lease.found, block_bytes=block_bytes, checksums=sums)
             yield pb.GetResponse(header=header)
@@ -184,29 +209,30 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                     # Copied under the store's lock while the lease lives (each copy renews
                     # it); a reader that stalled past it gets LeaseExpiredError, never the
                     # bytes of whatever reused the slot.
-                    data = self.store.read_chunk(lease.lease_id, index, offset, self.chunk_bytes)
+                    data = scope.read_chunk(lease.lease_id, index, offset, self.chunk_bytes)
                     yield pb.GetResponse(chunk=pb.GetChunk(index=index, offset=offset, data=data))
         except KVStoreError as exc:
             await grpc_service.abort(context, exc)
         finally:
-            self.store.release(lease.lease_id)
+            scope.release(lease.lease_id)
 
     @_unary
     async def Remove(self, request, context):
-        num = self.store.remove(request.namespace_id, list(request.keys))
+        num = self._scope(context).remove(request.namespace_id, list(request.keys))
         return pb.RemoveResponse(num_removed=num)
 
     @_unary
     async def Stats(self, request, context):
-        return wire.stats_to_pb(self.store.stats())
+        return wire.stats_to_pb(self._scope(context).stats())
 
     @_unary
     async def DataPlaneInfo(self, request, context):
         if self.dataplane is None or request.transport != "ucx":
             raise UnavailableError(f"this node has no {request.transport or '?'} data plane")
         # Checking the address and connecting wait on other threads; keep this loop free.
-        peer = context.peer()
-        admission = await asyncio.to_thread(self.dataplane.connect, request.client_address, peer)
+        peer, tenant = context.peer(), self._tenant(context)  # frames act as this tenant
+        connect = self.dataplane.connect
+        admission = await asyncio.to_thread(connect, request.client_address, peer, tenant)
         return pb.DataPlaneInfoResponse(
             transport="ucx",
             server_address=self.dataplane.address,
@@ -216,7 +242,10 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
 
 
 def make_dataplane(
-    store: Store, config: ServerConfig, metrics: CallMetrics | None = None
+    store: Store,
+    config: ServerConfig,
+    metrics: CallMetrics | None = None,
+    tenants: Tenants | None = None,
 ) -> DataPlaneServer | None:
     """The node's UCX data plane, or None when disabled (or absent, with `auto`)."""
     from kvstore.dataplane import TRANSPORTS, is_available
@@ -235,7 +264,7 @@ def make_dataplane(
         hello_timeout_s=config.dataplane_hello_timeout_s,
         idle_timeout_s=config.dataplane_idle_timeout_s,
     )
-    dataplane = TRANSPORTS["ucx"].server(store, settings, metrics)
+    dataplane = TRANSPORTS["ucx"].server(store, settings, metrics, tenants)
     log.info(
         "event=dataplane_on transport=ucx error_handling=%s net_devices=%s",
         config.ucx_error_handling,
@@ -255,7 +284,7 @@ def start_metrics(store: Store, config: ServerConfig) -> tuple[CallMetrics, Metr
     if not config.metrics_port:
         return None
     registry = CollectorRegistry()
-    registry.register(StoreCollector(store.stats))
+    registry.register(StoreCollector(store.stats, store.tenant_bytes))
     return CallMetrics(registry), MetricsExporter(
         registry, config.host, config.metrics_port
     ).start()
@@ -266,11 +295,13 @@ async def start_server(
     config: ServerConfig,
     dataplane: DataPlaneServer | None = None,
     metrics: CallMetrics | None = None,
+    tenants: Tenants | None = None,
 ) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
-    """Starts the service for `store`; returns the server, its health servicer and port."""
+    """Starts the service for `store` (its `tenants`: none by default); returns the server,
+    its health servicer and port."""
     server = grpc.aio.server(options=config.grpc_options)
-    servicer = KVStoreServicer(store, config.chunk_bytes, dataplane)
     auth = config.authenticator()
+    servicer = KVStoreServicer(store, config.chunk_bytes, dataplane, tenants, auth)
     # Malformed requests: INVALID_ARGUMENT; without a known token: UNAUTHENTICATED.
     grpc_service.register(server, servicer, metrics=metrics, auth=auth)
     health_servicer = health.aio.HealthServicer()
@@ -284,14 +315,29 @@ async def start_server(
     return server, health_servicer, port
 
 
+def make_store(
+    store_config: StoreConfig, config: ServerConfig, clock: Clock = time.monotonic
+) -> tuple[Store, Tenants]:
+    """The node's store, with the quotas of its tenants, and its tenants (closing the store
+    if they are refused: quotas over a tier, a role without a token)."""
+    auth = config.authenticator()
+    store = Store(store_config, clock=clock, quotas=config.load_quotas(auth))
+    try:
+        return store, config.make_tenants(store, auth)
+    except BaseException:
+        store.close()
+        raise
+
+
 async def serve(store_config: StoreConfig, config: ServerConfig) -> None:
     """Runs a store node until SIGTERM or SIGINT, then drains in-flight calls and exits."""
     config.check_exposure(config.host)
-    store = Store(store_config)
+    store, tenants = make_store(store_config, config)
     metrics = start_metrics(store, config)
     call_metrics = metrics[0] if metrics else None
-    dataplane = make_dataplane(store, config, call_metrics)
-    server, health_servicer, port = await start_server(store, config, dataplane, call_metrics)
+    dataplane = make_dataplane(store, config, call_metrics, tenants)
+    started = await start_server(store, config, dataplane, call_metrics, tenants)
+    server, health_servicer, port = started
     log.info(
         "event=serving address=%s:%d dram_bytes=%d policy=%s",
         config.host,
@@ -336,8 +382,8 @@ class EmbeddedServer:
         config: ServerConfig | None = None,
         clock: Clock = time.monotonic,
     ) -> None:
-        self.store = Store(store_config, clock=clock)
         self.config = config or ServerConfig(port=0)
+        self.store, self.tenants = make_store(store_config, self.config, clock)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: grpc.aio.Server | None = None
@@ -358,9 +404,10 @@ class EmbeddedServer:
         self._thread.start()
         self._metrics = start_metrics(self.store, self.config)
         call_metrics = self._metrics[0] if self._metrics else None
-        self._dataplane = make_dataplane(self.store, self.config, call_metrics)
+        self._dataplane = make_dataplane(self.store, self.config, call_metrics, self.tenants)
         started = asyncio.run_coroutine_threadsafe(
-            start_server(self.store, self.config, self._dataplane, call_metrics), self._loop
+            start_server(self.store, self.config, self._dataplane, call_metrics, self.tenants),
+            self._loop,
         )
         self._server, _, self.port = started.result()
         return self

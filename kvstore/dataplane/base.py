@@ -53,9 +53,10 @@ class DataPlaneServer(ABC):
         """Opaque address a client needs to reach this server (e.g. a UCX worker address)."""
 
     @abstractmethod
-    def connect(self, client_address: bytes, peer: str) -> Admission:
+    def connect(self, client_address: bytes, peer: str, tenant: str = "") -> Admission:
         """Admits a client reachable at `client_address`, calling from `peer` (its network
-        identity, for per-peer limits).
+        identity, for per-peer limits), authenticated as `tenant` by the handshake: every
+        frame of the connection acts as that tenant ("": a node without tenants).
 
         Raises InvalidArgumentError for an address the transport cannot use (checked where
         it cannot harm this process), TooManyConnectionsError past a connection limit,

@@ -26,6 +26,10 @@ Every batch of sends or receives is posted in one pass and awaited together (`tr
 Requests are handled as concurrent tasks, so a small get never waits behind a large put. A
 frame that is malformed, too large for its buffer or reuses the id of a request in flight
 ends the connection: only a holder of the secret can send one, so its client is broken.
+
+Tenants: a connection is bound at admission to the tenant its authenticated handshake
+named, and every frame acts through that tenant's scope (`kvstore.tenancy.TenantScope`):
+the namespace ids a frame names are the tenant's own, mapped as the gRPC calls map them.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from kvstore.dataplane.runtime import UcxRuntime, with_deadline
 from kvstore.metrics import CallMetrics
 from kvstore.results import PutStatus
 from kvstore.store import Store
+from kvstore.tenancy import Tenants, TenantScope
 
 log = logging.getLogger("kvstore.dataplane")
 STATUS_CODES = (PutStatus.RESERVED, PutStatus.PRESENT, PutStatus.IN_FLIGHT)
@@ -60,6 +65,7 @@ class _Connection:
     client_id: int
     peer: str  # the handshake's gRPC peer ("ipv4:127.0.0.1:5000"): the store's client
     peer_host: str  # without the port: what per-peer limits count
+    store: TenantScope  # the store as the connection's tenant sees it
     tags: frames.Tags
     deadline: float  # dropped if no frame arrives before this (monotonic seconds)
     ep: Any = None
@@ -75,8 +81,10 @@ class UcxServer(DataPlaneServer):
         store: Store,
         settings: ServerSettings | None = None,
         metrics: CallMetrics | None = None,
+        tenants: Tenants | None = None,
     ) -> None:
         self.store = store
+        self.tenants = tenants or Tenants(store, None)  # None: a node without tenants
         self.settings = settings or ServerSettings()
         self.metrics = metrics  # plane "ucx": calls, bytes, rejections by error class
         self.timeout_s = self.settings.timeout_s
@@ -99,13 +107,13 @@ class UcxServer(DataPlaneServer):
         with self._lock:
             return len(self._connections)
 
-    def connect(self, client_address: bytes, peer: str) -> Admission:
+    def connect(self, client_address: bytes, peer: str, tenant: str = "") -> Admission:
         s = self.settings
         if not 0 < len(client_address) <= s.max_address_bytes:
             raise errors.InvalidArgumentError(
                 f"client_address has {len(client_address)} bytes; 1 to {s.max_address_bytes}"
             )
-        conn = self._admit(peer)
+        conn = self._admit(peer, self.tenants.scope(tenant))
         try:
             self._checker.check(client_address)
             self._rt.call(self._accept(conn, client_address), self.timeout_s)
@@ -116,7 +124,7 @@ class UcxServer(DataPlaneServer):
         log.info("event=ucx_connect client=%d peer=%s", conn.client_id, peer)
         return Admission(conn.client_id, conn.tags.secret)
 
-    def _admit(self, peer: str) -> _Connection:
+    def _admit(self, peer: str, scope: TenantScope) -> _Connection:
         """A new connection for `peer`, counted at once so limits hold under concurrency."""
         s = self.settings
         secret = secrets.token_bytes(frames.SECRET_BYTES)
@@ -124,6 +132,7 @@ class UcxServer(DataPlaneServer):
             next(self._ids),
             peer,
             _peer_host(peer),
+            scope,
             frames.Tags(secret),
             time.monotonic() + s.hello_timeout_s,
         )
@@ -240,9 +249,9 @@ class UcxServer(DataPlaneServer):
         sent = transfers.post_sends(ep, [frames.encode_reply(reply)], [tag])
         await with_deadline(transfers.wait_all(sent), self.timeout_s)
 
-    def _check_block_bytes(self, req: Request) -> None:
+    def _check_block_bytes(self, conn: _Connection, req: Request) -> None:
         """Same errors as the gRPC path: short blocks are incomplete, long ones too big."""
-        block_bytes = self.store.namespace(req.namespace_id).block_bytes
+        block_bytes = conn.store.namespace(req.namespace_id).block_bytes
         if req.op is Op.PUT and req.block_bytes < block_bytes:
             raise errors.IncompleteWriteError(
                 f"blocks of {req.block_bytes} bytes are not fully written; "
@@ -257,8 +266,8 @@ class UcxServer(DataPlaneServer):
 
     async def _get(self, conn: _Connection, tags: RequestTags, req: Request) -> None:
         try:
-            self._check_block_bytes(req)
-            lease = self.store.acquire(req.namespace_id, req.keys, True, conn.peer)
+            self._check_block_bytes(conn, req)
+            lease = conn.store.acquire(req.namespace_id, req.keys, True, conn.peer)
         except errors.KVStoreError as exc:
             await self._reply(conn.ep, Reply(error=exc), tags.reply, Op.GET)
             return
@@ -282,18 +291,18 @@ class UcxServer(DataPlaneServer):
             self._drop(conn.client_id, "get_failed")  # cancel sends that still read the slots
             raise
         finally:
-            self.store.release(lease.lease_id)
+            conn.store.release(lease.lease_id)
 
     # -- put -----------------------------------------------------------------------------
 
     async def _put(self, conn: _Connection, tags: RequestTags, req: Request) -> None:
         try:
-            self._check_block_bytes(req)  # a wrong size is never drained (module docstring)
+            self._check_block_bytes(conn, req)  # a wrong size is never drained (module docstring)
         except errors.KVStoreError as exc:
             await self._reply(conn.ep, Reply(error=exc), tags.reply, Op.PUT)
             return
         try:
-            reserved = self.store.reserve(req.namespace_id, req.keys, req.parents, conn.peer)
+            reserved = conn.store.reserve(req.namespace_id, req.keys, req.parents, conn.peer)
         except errors.KVStoreError as exc:
             await self._refuse_put(conn, tags, req, exc)
             return
@@ -301,7 +310,7 @@ class UcxServer(DataPlaneServer):
         todo = [i for i, s in enumerate(reserved.statuses) if s is PutStatus.RESERVED]
         flags = tuple(STATUS_CODES.index(s) for s in reserved.statuses)
         try:
-            views = self.store.reservation_views(rid, conn.peer) if todo else {}
+            views = conn.store.reservation_views(rid, conn.peer) if todo else {}
             slots = [views[i] for i in todo]
             receives = transfers.post_receives(conn.ep, slots, [tags.block(i) for i in todo])
             drains = self._drain(conn, tags, req, set(todo))
@@ -309,7 +318,7 @@ class UcxServer(DataPlaneServer):
             crcs = await with_deadline(self._land(receives, slots, drains), self.timeout_s)
         except BaseException:
             self._drop(conn.client_id, "put_failed")  # cancel receives into the slots first
-            self._abort_quietly(rid, conn.peer)
+            self._abort_quietly(conn, rid)
             raise
         await self._finish_put(conn, tags, req, rid, dict(zip(todo, crcs, strict=True)))
 
@@ -351,9 +360,9 @@ class UcxServer(DataPlaneServer):
     ) -> None:
         try:
             # The sums are known: a short bookkeeping pass under the store's lock, inline.
-            self.store.commit(rid, req.checksums or None, conn.peer, written=crcs)
+            conn.store.commit(rid, req.checksums or None, conn.peer, written=crcs)
         except errors.KVStoreError as exc:
-            self._abort_quietly(rid, conn.peer)
+            self._abort_quietly(conn, rid)
             log.warning("event=ucx_put_rejected client=%d error=%s", conn.client_id, exc)
             await self._reply(conn.ep, Reply(error=exc), tags.done, Op.PUT)
             return
@@ -361,9 +370,9 @@ class UcxServer(DataPlaneServer):
             self.metrics.moved("ucx", "put", len(crcs) * req.block_bytes, 0)
         await self._reply(conn.ep, Reply(), tags.done, Op.PUT)
 
-    def _abort_quietly(self, rid: int, owner: str) -> None:
+    def _abort_quietly(self, conn: _Connection, rid: int) -> None:
         with contextlib.suppress(errors.KVStoreError):
-            self.store.abort(rid, owner)
+            conn.store.abort(rid, conn.peer)
 
 
 def _sendable(view: Any) -> Any:

@@ -6,7 +6,7 @@ turns one consistent `StoreStats` into metric families, so the hot path pays not
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -47,11 +47,19 @@ _TIER_METRICS = {
 }
 
 
-class StoreCollector(Collector):
-    """Collects `stats()` (a store's `Store.stats`) at each scrape."""
+TenantBytes = Mapping[str, Mapping[str, int]]  # tier -> tenant -> bytes held
 
-    def __init__(self, stats: Callable[[], StoreStats]) -> None:
+
+class StoreCollector(Collector):
+    """Collects `stats()` (a store's `Store.stats`) at each scrape, and with `tenant_bytes`
+    (`Store.tenant_bytes`) what each tenant holds of each tier: the operator's view (the
+    metrics endpoint takes no tokens; keep it where only the operator reaches it)."""
+
+    def __init__(
+        self, stats: Callable[[], StoreStats], tenant_bytes: Callable[[], TenantBytes] | None = None
+    ) -> None:
         self._stats = stats
+        self._tenant_bytes = tenant_bytes
 
     def collect(self) -> Iterator[Metric]:
         stats = self._stats()
@@ -66,3 +74,16 @@ class StoreCollector(Collector):
             for tier in stats.tiers:
                 family.add_metric([tier.name], getattr(tier, field))
             yield family
+        if self._tenant_bytes is not None:
+            yield self._tenants(self._tenant_bytes())
+
+    def _tenants(self, held: TenantBytes) -> Metric:
+        family = GaugeMetricFamily(
+            "kvstore_tenant_used_bytes",
+            "bytes a tenant holds in the tier",
+            labels=["tenant", "tier"],
+        )
+        for tier, by_tenant in held.items():
+            for tenant, nbytes in sorted(by_tenant.items()):
+                family.add_metric([tenant or "anonymous", tier], nbytes)
+        return family
