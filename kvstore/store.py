@@ -366,25 +366,9 @@ class Store:
             return self._counters.stats(sizes, self._tiering.counters, self._tiering.usage())
 
     def tenant_usage(self, tenant: str) -> tuple[int, tuple[TierUsage, ...]]:
-        """`tenant`'s committed blocks, and what it holds of each tier: its quota there as
-        the capacity (the tier's own without one), the bytes and blocks it holds; O(blocks)."""
+        """`tenant`'s committed blocks and its share of each tier (`Tiering.tenant_usage`)."""
         with self._lock:
-            mine = [
-                e
-                for e in self._index
-                if e.is_readable and self._tenant_of(e.namespace_id) == tenant
-            ]
-            held = self._tiering.tenant_bytes()
-            rows = []
-            for tier in self._tiering.usage():
-                if tier.name not in held:
-                    continue
-                quota = self._tiering.quota(tenant, tier.name)
-                in_tier = (e.slot is not None if tier.name == "dram" else e.on_ssd for e in mine)
-                capacity = tier.capacity_bytes if quota is None else quota
-                used = held[tier.name].get(tenant, 0)
-                rows.append(TierUsage(tier.name, capacity, used, sum(in_tier)))
-            return len(mine), tuple(rows)
+            return self._tiering.tenant_usage(tenant)
 
     def has_key(self, namespace_id: bytes, key: bytes) -> bool:
         """Whether `key` is committed in `namespace_id`."""

@@ -104,6 +104,21 @@ class Tiering:
             out["ssd"] = self.ssd_tenants.by_tenant()
         return out
 
+    def tenant_usage(self, tenant: str) -> tuple[int, tuple[TierUsage, ...]]:
+        """`tenant`'s committed blocks, and what it holds of each tier: its quota there as
+        the capacity (the tier's own without one), the bytes and blocks it holds; O(blocks)."""
+        mine = [e for e in self.index if e.is_readable and self.tenant_of(e.namespace_id) == tenant]
+        held = self.tenant_bytes()
+        rows = []
+        for tier in self.usage():
+            if tier.name in held:
+                quota = self.quota(tenant, tier.name)
+                in_tier = (e.slot is not None if tier.name == "dram" else e.on_ssd for e in mine)
+                capacity = tier.capacity_bytes if quota is None else quota
+                used = held[tier.name].get(tenant, 0)
+                rows.append(TierUsage(tier.name, capacity, used, sum(in_tier)))
+        return len(mine), tuple(rows)
+
     def quota(self, tenant: str, tier: str) -> int | None:
         """`tenant`'s quota in `tier` ("dram" or "ssd"), None for none."""
         return (self.dram.tenants if tier == "dram" else self.ssd_tenants).quota(tenant)
