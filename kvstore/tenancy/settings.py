@@ -55,6 +55,7 @@ class TenancySettings:
         if store.quotas is not None:
             _check_capacity(store.quotas, known, store)
         cfg: StoreConfig = store.config
+        _warn_shared_bounds(cfg, len(known), self.max_namespaces_per_tenant)
         secret = load_secret(self.tenant_secret_file, cfg.ssd_path)
         if not self.tenant_secret_file and not cfg.ssd_path:
             log.info("event=tenant_secret source=random hint='ids change at each start'")
@@ -66,3 +67,17 @@ def _check_capacity(quotas: TenantQuotas, tenants: frozenset[str], store: Store)
     for tier in QUOTA_TIERS:
         if tier in capacity:
             quotas.check_capacity(tenants, tier, capacity[tier])
+
+
+def _warn_shared_bounds(cfg: StoreConfig, num_tenants: int, namespaces_per_tenant: int) -> None:
+    """Warns where the node-wide bound is below every tenant's own summed: then tenants that
+    fill theirs can make another's call fail with the node-wide error."""
+    bounds = (
+        ("namespaces", namespaces_per_tenant, cfg.max_namespaces),
+        ("reservations", cfg.max_reservations_per_client, cfg.max_reservations),
+        ("leases", cfg.max_leases_per_client, cfg.max_leases),
+    )
+    for noun, per_tenant, total in bounds:
+        if per_tenant * num_tenants > total:
+            msg = "event=shared_bound noun=%s per_tenant=%d tenants=%d node=%d"
+            log.warning(msg, noun, per_tenant, num_tenants, total)
