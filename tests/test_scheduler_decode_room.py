@@ -147,7 +147,7 @@ def test_survival_counts_running_sequences_as_longer() -> None:
     for _ in range(10):
         est.observe(5)
     assert est.survival()[5] == 0.0
-    est.censor([50] * 10)
+    est.censor([(50, 100)] * 10)
     s = est.survival()
     assert s[4] == 1.0 and s[5] == s[50] == 0.5 and s[51] == 0.0  # Kaplan-Meier
     est.censor([])
@@ -179,3 +179,21 @@ def test_predictive_waits_for_a_sequence_longer_than_all_finished() -> None:
     step = COST.decode_step_s(2, 990)
     wait = 401 * step - COST.prefill_s(20)
     assert decision.predicted == pytest.approx(COST.decode_step_s(1, 20) + wait / 2)
+
+
+def test_room_reads_each_sequence_by_its_prompt_length() -> None:
+    # Long prompts have had 11-token outputs, short ones 301: the 600-token prompt's sequence
+    # ends after 10 steps, when 800 more tokens fit beside the short one. Over all prompts
+    # half of each would still hold its KV until step 300.
+    pred = DecodeLoadPredictor(COST, OutputLenEstimator(refresh_every=1))
+    for _ in range(32):
+        pred.outputs.observe(11, prompt_len=1000)
+        pred.outputs.observe(301, prompt_len=10)
+    decode = _Decode([RunningSeq(601, 1), RunningSeq(11, 1)])
+    step = COST.decode_step_s(2, 612)
+    assert pred.room(decode, 0.0, 0.0, 800).join_s == pytest.approx(10 * step)
+    pooled = DecodeLoadPredictor(COST, OutputLenEstimator(refresh_every=1))
+    for _ in range(32):
+        pooled.outputs.observe(11)
+        pooled.outputs.observe(301)
+    assert pooled.room(decode, 0.0, 0.0, 800).join_s == pytest.approx(300 * step)

@@ -63,8 +63,11 @@ class SchedulingPolicy(ABC):
     def decide(self, request: SchedRequest, view: ClusterView) -> Decision:
         """Where `request` runs, or why it is refused."""
 
-    def observe_output(self, output_len: int) -> None:  # noqa: B027 - most policies learn nothing
-        """A request finished with `output_len` output tokens."""
+    def observe_output(  # noqa: B027 - most policies learn nothing
+        self, output_len: int, input_len: int | None = None
+    ) -> None:
+        """A request finished with `output_len` output tokens; `input_len` is its prompt's
+        length where the caller knows it."""
 
     def replications(self, view: ClusterView) -> Sequence[Replication]:
         """Hot blocks to copy now; none unless the policy replicates."""

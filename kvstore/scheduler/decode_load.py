@@ -24,7 +24,7 @@ from typing import NamedTuple
 import numpy as np
 
 from kvstore.scheduler.cost_model import CostModel
-from kvstore.scheduler.output_len import OutputLenEstimator
+from kvstore.scheduler.output_len import OutputLenEstimator, SurvivalTable
 from kvstore.scheduler.view import DecodeView
 
 
@@ -69,38 +69,60 @@ class _ExpectedBatch:
     so it stays close to its expectation; what the batch holds at a step is taken to be that.
     """
 
-    def __init__(self, survival: np.ndarray, tau: np.ndarray) -> None:
-        self._s = survival
-        self.tau = tau
-        self.kv = np.zeros(len(tau))
-        self.seqs = np.zeros(len(tau))
-
-    def _alive(self, ages: np.ndarray, since: np.ndarray) -> np.ndarray:
-        """(members, grid): P(still decoding) `since` steps after each was `ages` old; 0
-        before (negative `since`). A member older than any output seen ends within a step."""
-        last = len(self._s) - 1
-        ages = np.minimum(ages, last)
-        x = np.minimum(ages[:, None] + np.floor(np.maximum(since, 0.0))[None, :], last)
-        base = self._s[ages][:, None]
+    def __init__(self, survival: SurvivalTable, spacing: int, points: int) -> None:
+        self._table = survival
+        self.spacing = spacing
+        self.tau = np.arange(points, dtype=float) * spacing
+        self.kv = np.zeros(points)
+        self.seqs = np.zeros(points)
+        # (row, j): P(a sequence that joined j grid points ago still decodes), by survival
+        # curve, and that times the tokens it has gained since.
+        curves = survival.curves
+        first = curves[:, 1:2]
         with np.errstate(divide="ignore", invalid="ignore"):
-            p = np.where(base > 0, self._s[x.astype(np.int64)] / base, since[None, :] < 1)
-        return np.where(since[None, :] >= 0, p, 0.0)
+            fresh = np.where(first > 0, curves[:, 1:] / first, np.arange(curves.shape[1] - 1) < 1)
+        fresh = np.hstack([fresh, np.zeros((len(curves), 1))])
+        self._fresh = fresh[:, np.minimum(np.arange(points) * spacing, fresh.shape[1] - 1)]
+        self._gained = self._fresh * self.tau
 
-    def add(self, ages: np.ndarray, tokens: np.ndarray, at: float = 0.0) -> None:
-        """Members of `ages` holding `tokens` from step `at` on."""
-        since = self.tau - at
-        alive = self._alive(ages, since)
-        self.kv += ((tokens[:, None] + np.maximum(since, 0.0)[None, :]) * alive).sum(axis=0)
+    def _alive(self, ages: np.ndarray, prompts: np.ndarray) -> np.ndarray:
+        """(members, grid): P(still decoding) on the grid for members `ages` old now, by the
+        curve of its prompt length. One older than any output seen ends within a step."""
+        curves = self._table.curves
+        rows = self._table.rows(prompts)
+        last = curves.shape[1] - 1
+        ages = np.minimum(ages, last)
+        x = np.minimum(ages[:, None] + self.tau[None, :].astype(np.int64), last)
+        base = curves[rows, ages][:, None]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(base > 0, curves[rows[:, None], x] / base, self.tau < 1)
+
+    def add(self, ages: np.ndarray, tokens: np.ndarray, prompts: np.ndarray) -> None:
+        """Members of `ages` holding `tokens` now (of `prompts` prompt tokens)."""
+        alive = self._alive(ages, prompts)
+        self.kv += ((tokens[:, None] + self.tau[None, :]) * alive).sum(axis=0)
         self.seqs += alive.sum(axis=0)
+
+    def join(self, at: float, tokens: float, row: int, capacity: float) -> float:
+        """Adds a sequence of `tokens` KV tokens, decoding by survival curve `row`, that
+        arrives at step `at` and joins at its `first_fit` (held from the grid point there or
+        next); that step."""
+        t = self.first_fit(at, tokens, capacity)
+        k = math.ceil(t / self.spacing)
+        m = len(self.tau) - k
+        self.kv[k:] += tokens * self._fresh[row, :m] + self._gained[row, :m]
+        self.seqs[k:] += self._fresh[row, :m]
+        return t
 
     def first_fit(self, at: float, tokens: float, capacity: float) -> float:
         """The first step from `at` on (at the grid's resolution) at which `tokens` more fit;
         the grid's end when they fit nowhere on it."""
-        k = max(0, int(np.searchsorted(self.tau, at, side="right")) - 1)
-        fits = np.nonzero(self.kv[k:] + tokens <= capacity)[0]
-        if not fits.size:
+        k = min(int(at // self.spacing), len(self.tau) - 1)
+        fits = self.kv[k:] <= capacity - tokens
+        j = int(fits.argmax())
+        if not fits[j]:
             return max(at, float(self.tau[-1]))
-        return max(at, float(self.tau[k + fits[0]]))
+        return max(at, float(self.tau[k + j]))
 
     def at(self, t: float) -> DecodeLoad:
         """The expected batch at step `t`."""
@@ -111,7 +133,6 @@ class _ExpectedBatch:
 
 
 _GRID_POINTS = 1024  # steps a room prediction replays at most; coarser beyond
-_JOINED = np.array([1], dtype=np.int64)  # a sequence reaches decode with its first token
 
 
 class DecodeLoadPredictor:
@@ -148,26 +169,30 @@ class DecodeLoadPredictor:
         )
         queue = [(t, n) for t, n in queue if n <= capacity]  # the instance never holds more
         arrive = (at_s - now_s) / step
-        batch = _ExpectedBatch(self.outputs.survival(), self._grid(arrive, queue, capacity))
-        batch.add(
-            np.array([s.generated for s in running], dtype=np.int64),
-            np.array([s.context_len for s in running], dtype=float),
-        )
-        for t, tokens in queue:
-            batch.add(_JOINED, np.array([tokens]), batch.first_fit(t, tokens, capacity))
+        table = self.outputs.survival_table()
+        batch = _ExpectedBatch(table, *self._grid(arrive, queue, capacity))
+        ages = np.array([s.generated for s in running], dtype=np.int64)
+        tokens = np.array([s.context_len for s in running], dtype=np.int64)
+        batch.add(ages, tokens.astype(float), tokens - ages)
+        rows = table.rows(np.array([n for _, n in queue], dtype=np.int64)).tolist()
+        for (t, n), row in zip(queue, rows, strict=True):
+            batch.join(t, n, row, capacity)
         join = batch.first_fit(arrive, input_len, capacity)
         load = batch.at(join)
         join_s = at_s if join <= arrive else now_s + join * step
         return DecodeRoom(join_s, DecodeLoad(load.num_seqs + 1, load.context_tokens + input_len))
 
-    def _grid(self, arrive: float, queue: list[tuple[float, float]], capacity: int) -> np.ndarray:
-        """Steps from now to replay: past the arrival, by as many longest outputs as the queue
-        ahead takes to drain (it joins as the batch ends), at most `_GRID_POINTS` of them."""
+    def _grid(
+        self, arrive: float, queue: list[tuple[float, float]], capacity: int
+    ) -> tuple[int, int]:
+        """The steps from now to replay, as (spacing, points): past the arrival, by as many
+        longest outputs as the queue ahead takes to drain (it joins as the batch ends), at
+        most `_GRID_POINTS` of them."""
         longest = len(self.outputs.survival())
         queued = sum(n for _, n in queue) / capacity
         horizon = max(arrive, *(t for t, _ in queue), 0.0) + longest * (2 + queued)
         spacing = max(1, math.ceil(horizon / _GRID_POINTS))
-        return np.arange(0.0, horizon + spacing, spacing)
+        return spacing, math.ceil(horizon / spacing) + 1
 
     def decode_s(self) -> float:
         """How long a new request is expected to decode for, at most (at the TBT bound)."""

@@ -63,8 +63,8 @@ class CacheAwarePolicy(SchedulingPolicy):
         self.replicator.record(request.hash_ids, chosen.instance, view)
         return Accept(chosen.instance, decode, chosen.ttft_s, tbt_s)
 
-    def observe_output(self, output_len: int) -> None:
-        self.predictor.outputs.observe(output_len)
+    def observe_output(self, output_len: int, input_len: int | None = None) -> None:
+        self.predictor.outputs.observe(output_len, input_len)
 
     def replications(self, view: ClusterView) -> Sequence[Replication]:
         return self.replicator.take()
@@ -143,7 +143,10 @@ class CacheAwarePredictivePolicy(CacheAwarePolicy):
     ) -> tuple[int, float, Reject | None]:
         output_len = self.predictor.outputs.quantile(self.planned_output_quantile)
         self.predictor.outputs.censor(
-            s.generated for d in view.decode for s in d.running() if not s.is_waiting
+            (s.generated, s.context_len - s.generated)
+            for d in view.decode
+            for s in d.running()
+            if not s.is_waiting
         )
         rooms = [
             self.predictor.room(d, view.now_s, reach_s, request.input_len) for d in view.decode

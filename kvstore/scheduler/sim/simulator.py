@@ -173,7 +173,7 @@ class Simulator:
             self._push(t + handoff_s, _Kind.DECODE_ARRIVE, i, job.decode)
         else:
             self.cluster.decodes[job.decode].incoming_seqs.pop(i, None)
-            self.policy.observe_output(output)
+            self.policy.observe_output(output, req.input_len)
         self._start(p, t)
 
     def _on_decode_arrive(self, t: float, i: int, d: int) -> None:
@@ -194,7 +194,7 @@ class Simulator:
             output = self.requests[i][1]
             tbt = (t - self._prefill_end_s[i]) / (output - 1)
             self._outcomes[i] = self._outcomes[i]._replace(tbt_s=tbt)
-            self.policy.observe_output(output)
+            self.policy.observe_output(output, self.requests[i][0].input_len)
         self._reschedule(d)
 
     def _on_sample(self, t: float, _a: int, _b: int) -> None:
