@@ -20,7 +20,7 @@ from kvstore.client import Client
 from kvstore.keys import KVLayout, Namespace, block_keys
 from kvstore.metrics import StoreCollector
 from kvstore.store import Store, StoreConfig
-from tests.conftest import free_port, require_extra
+from tests.conftest import free_port, require_extra, wait_until
 
 DASHBOARD = Path(__file__).parents[1] / "deploy/grafana/kvstore-dashboard.json"
 
@@ -173,6 +173,9 @@ def test_the_data_plane_counts_its_calls_bytes_and_refusals(store_factory):
         assert client.get_into(NS.id, keys, into) == (True,) * 4
         with pytest.raises(errors.UnknownNamespaceError):
             client.get_into(UNKNOWN_NS.id, keys[:1], into[:1])
+    # A call is timed once its last reply is sent: the client may have it a moment before.
+    calls = "kvstore_request_duration_seconds_count"
+    wait_until(lambda: _value(_scrape(port), calls, plane="ucx", method="get") == 2, 10.0, "timed")
     m = _scrape(port)
     assert (
         _value(m, "kvstore_received_bytes_total", plane="ucx", method="put") == 4 * NS.block_bytes
