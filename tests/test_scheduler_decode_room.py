@@ -197,3 +197,13 @@ def test_room_reads_each_sequence_by_its_prompt_length() -> None:
         pooled.outputs.observe(11)
         pooled.outputs.observe(301)
     assert pooled.room(decode, 0.0, 0.0, 800).join_s == pytest.approx(300 * step)
+
+
+def test_none_joins_before_the_one_waiting_ahead() -> None:
+    # 50 tokens fit beside OLD now, but 850 wait ahead (FIFO) until OLD ends at 200 steps;
+    # then both fit.
+    waiting = _Queue([OLD, RunningSeq(850, 1, is_waiting=True)])
+    room = PRED.room(waiting, 0.0, 0.0, 50)
+    assert room.join_s == pytest.approx(200 * STEP)
+    assert room.load == DecodeLoad(2, pytest.approx(850 + 50))
+    assert PRED.room(_Decode([OLD]), 0.0, 0.0, 50).join_s == 0.0

@@ -75,6 +75,7 @@ class _ExpectedBatch:
         self.tau = np.arange(points, dtype=float) * spacing
         self.kv = np.zeros(points)
         self.seqs = np.zeros(points)
+        self.last_join = 0.0  # FIFO: none joins before the one ahead of it
         # (row, j): P(a sequence that joined j grid points ago still decodes), by survival
         # curve, and that times the tokens it has gained since.
         curves = survival.curves
@@ -108,6 +109,7 @@ class _ExpectedBatch:
         arrives at step `at` and joins at its `first_fit` (held from the grid point there or
         next); that step."""
         t = self.first_fit(at, tokens, capacity)
+        self.last_join = t
         k = math.ceil(t / self.spacing)
         m = len(self.tau) - k
         self.kv[k:] += tokens * self._fresh[row, :m] + self._gained[row, :m]
@@ -116,7 +118,8 @@ class _ExpectedBatch:
 
     def first_fit(self, at: float, tokens: float, capacity: float) -> float:
         """The first step from `at` on (at the grid's resolution) at which `tokens` more fit;
-        the grid's end when they fit nowhere on it."""
+        the grid's end when they fit nowhere on it. Not before the last `join` (FIFO)."""
+        at = max(at, self.last_join)
         k = min(int(at // self.spacing), len(self.tau) - 1)
         fits = self.kv[k:] <= capacity - tokens
         j = int(fits.argmax())
