@@ -65,14 +65,16 @@ def test_fresh_process_loads_prefix_another_stored_and_recomputes_corrupt_blocks
     assert first.cached_tokens == [0]
     assert first.outputs == [reference]
     assert "event=publish_stats published=10 dropped=0 failed=0" in first.log
-    second = run_vllm(
-        tmp_path,
-        "second",
-        **_kvstore(model, store.address, {"turns": [PROMPT]}, {"turns": [PROMPT], "salt": "b"}),
-    )
+    # Four staging blocks: the 10 blocks land in 5 chunks of 2, pipelined with the copies.
+    spec = _kvstore(model, store.address, {"turns": [PROMPT]}, {"turns": [PROMPT], "salt": "b"})
+    spec["connector_extra"] = {"kvstore.load_buffers": 4, "kvstore.log_level": "DEBUG"}
+    second = run_vllm(tmp_path, "second", **spec)
     assert second.cached_tokens == [LOADABLE, 0]  # another tenant's salt never hits
     assert second.outputs == [reference, reference]
     assert "event=load_incomplete" not in second.log
+    assert re.search(r"event=load_warm_up connect_ms=\S+ stage_ms=\S+ .* bytes=131072 ", second.log)
+    assert re.search(r"event=load_phases req=s0t0\S* connect_ms=.* blocks=10 ", second.log)
+    assert re.search(r"event=load_stats loads=1 .* blocks=10 ", second.log)
 
     assert store.stop() == 0
     assert corrupt_ssd_blocks(ssd) > 0

@@ -12,7 +12,10 @@ Enable it with one setting (see README, "Use with vLLM")::
 Scheduler side: hashes each prompt's full blocks into kvstore keys (namespace: model,
 KV layout, block size; the request's `cache_salt` as tenant salt), asks the store for the
 longest stored prefix and plans loads and saves. Worker side: loads planned blocks into
-vLLM's paged cache before the forward pass and publishes newly computed prompt blocks
+vLLM's paged cache before the forward pass (`vllm_loader.BlockLoader`: its fixed costs, the
+data-plane connection and a touched staging pool, are paid at start-up; a load's phases are
+logged at debug level, `event=load_phases`, and totalled at shutdown, `event=load_stats`)
+and publishes newly computed prompt blocks
 after it through `kvstore.publishing.BlockPublisher`: one copy into a bounded pool of host
 staging blocks, then a background thread puts them. When the pool is full, blocks are
 dropped (counted, logged as `event=save_dropped`, and totalled at shutdown as
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -38,9 +42,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from kvstore.client import Client
 from kvstore.errors import KVStoreError
-from kvstore.integrations.loaded_prefix import loaded_prefix_len
+from kvstore.integrations.load_phases import PhaseClock, PhaseTotals
 from kvstore.integrations.vllm_blocks import PagedBlocks
 from kvstore.integrations.vllm_config import ConnectorConfig
+from kvstore.integrations.vllm_loader import BlockLoader
 from kvstore.integrations.vllm_plan import (
     BlockTransfer,
     RequestBlocks,
@@ -57,19 +62,26 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 log = logging.getLogger("kvstore.integrations.vllm")
+WARM_UP_MODEL_ID = "kvstore/warm-up"  # the namespace of start-up transfers, never a prompt's
 _PUBLISHER_LOG = "kvstore.publishing"  # its publish_failed lines belong in vLLM's log too
 
 
-def _log_through_vllm() -> None:
+def _log_through_vllm(level: str) -> None:
     """Sends this module's and the publisher's records to vLLM's handlers, so they appear
-    in vLLM's log."""
+    in vLLM's log. A `level` of its own (e.g. DEBUG, below vLLM's) gets a handler of its own
+    with vLLM's format, so vLLM's handlers keep their level."""
     vllm_log = logging.getLogger("vllm")
+    handlers = list(vllm_log.handlers)
+    if level:
+        own = logging.StreamHandler(sys.stdout)
+        own.setFormatter(handlers[0].formatter if handlers else None)
+        handlers = [own]
     for logger in (log, logging.getLogger(_PUBLISHER_LOG)):
         if not logger.handlers:
-            for handler in vllm_log.handlers:
+            for handler in handlers:
                 logger.addHandler(handler)
-            logger.setLevel(vllm_log.level or logging.INFO)
             logger.propagate = False
+        logger.setLevel(level.upper() or vllm_log.level or logging.INFO)
 
 
 @dataclass
@@ -112,9 +124,9 @@ class KVStoreConnector(KVConnectorBase_V1):
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
     ) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
-        _log_through_vllm()
         extra = self._kv_transfer_config.kv_connector_extra_config or {}
         self.config = ConnectorConfig.from_extra_config(extra)
+        _log_through_vllm(self.config.log_level)
         self.block_tokens = vllm_config.cache_config.block_size
         self._client = Client(
             self.config.address,
@@ -129,10 +141,13 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._pending_loads: dict[str, int] = {}  # req_id -> external tokens to load
         # Worker state.
         self._paged: PagedBlocks | None = None
+        self._loader: BlockLoader | None = None
         self._failed_block_ids: set[int] = set()
         self._publisher: BlockPublisher | None = None
+        self._load_totals = PhaseTotals()
         if role == KVConnectorRole.SCHEDULER:
             self._require_recompute_on_failure()
+            self._namespace(None)  # the store's first answer, before the first request
 
     def _require_recompute_on_failure(self) -> None:
         # The store is a cache: a block it cannot deliver is recomputed, never fatal.
@@ -181,15 +196,20 @@ class KVStoreConnector(KVConnectorBase_V1):
     ) -> tuple[int | None, bool]:
         """Tokens beyond `num_computed_tokens` the store holds: whole blocks of the longest
         stored prefix, short of the last prompt token. Changes nothing in the store."""
-        blocks = self._blocks_of(request)
+        clock = PhaseClock()
+        blocks = self._blocks_of(request)  # namespace (first of its salt) and keys
+        clock.lap("keys")
         if blocks is None:
             return 0, False
         num_prompt = len(request.prompt_token_ids or [])
         num_loadable = loadable_prefix_len(num_prompt, self.block_tokens) // self.block_tokens
         if num_loadable * self.block_tokens <= num_computed_tokens:
             return 0, False
-        matched = self._num_matched_blocks(blocks, num_loadable) * self.block_tokens
-        return max(matched - num_computed_tokens, 0), False
+        num_matched = self._num_matched_blocks(blocks, num_loadable)
+        clock.lap("match")
+        phases = clock.done(num_matched, 0)
+        log.debug("event=match_phases req=%s %s", request.request_id, phases.log_fields())
+        return max(num_matched * self.block_tokens - num_computed_tokens, 0), False
 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
@@ -257,6 +277,7 @@ class KVStoreConnector(KVConnectorBase_V1):
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         num_blocks = self._kv_cache_config.num_blocks
         paged = self._paged = PagedBlocks(list(kv_caches.values()), num_blocks)
+        self._warm_up_loads(paged)
         if self.config.save:
             block_shape = (len(paged.layers), paged.layer_elems)
             is_cuda = paged.layers[0].is_cuda
@@ -271,6 +292,18 @@ class KVStoreConnector(KVConnectorBase_V1):
             self.config.publish_buffers if self._publisher else 0,
         )
 
+    def _warm_up_loads(self, paged: PagedBlocks) -> None:
+        """Pays a load's fixed costs now: the data plane and the staging pool."""
+        self._loader = BlockLoader(self._client, paged, self.config.load_buffers)
+        warm_up = namespace_for(self._vllm_config, WARM_UP_MODEL_ID, None)
+        try:
+            self._client.register_namespace(warm_up)
+            phases = self._loader.warm_up(warm_up.id)
+        except KVStoreError as exc:  # unreachable now: the first load connects
+            log.warning("event=warm_up_failed error=%s", type(exc).__name__)
+            return
+        log.info("event=load_warm_up %s", phases.log_fields())
+
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         """Loads every planned block before the forward pass (synchronously)."""
         meta = self._get_connector_metadata()
@@ -279,25 +312,22 @@ class KVStoreConnector(KVConnectorBase_V1):
             self._load(load)
 
     def _load(self, load: BlockTransfer) -> None:
-        assert self._paged is not None, "register_kv_caches was not called"
-        staging = self._paged.empty(len(load.keys))
-        try:
-            found = self._client.get_into(
-                load.namespace_id, load.keys, self._paged.as_buffers(staging)
+        assert self._loader is not None, "register_kv_caches was not called"
+        result = self._loader.load(load)
+        if result.error is not None:
+            log.warning(
+                "event=load_failed req=%s error=%s", load.req_id, type(result.error).__name__
             )
-        except Exception as exc:  # whatever broke, these blocks were not filled
-            found = (False,) * len(load.keys)
-            log.warning("event=load_failed req=%s error=%s", load.req_id, type(exc).__name__)
-        num_ok = loaded_prefix_len(found)
-        self._paged.scatter(staging[:num_ok], load.block_ids[:num_ok])
-        if num_ok < len(found):
+        self._load_totals.add(result.phases)
+        log.debug("event=load_phases req=%s %s", load.req_id, result.phases.log_fields())
+        if result.num_loaded < len(load.keys):
             # A chain with a hole is unusable past it: vLLM recomputes from the first miss.
-            self._failed_block_ids.update(load.block_ids[num_ok:])
+            self._failed_block_ids.update(load.block_ids[result.num_loaded :])
             log.warning(
                 "event=load_incomplete req=%s loaded=%d failed=%d",
                 load.req_id,
-                num_ok,
-                len(found) - num_ok,
+                result.num_loaded,
+                len(load.keys) - result.num_loaded,
             )
 
     def wait_for_layer_load(self, layer_name: str) -> None:
@@ -354,6 +384,8 @@ class KVStoreConnector(KVConnectorBase_V1):
 
     def shutdown(self) -> None:
         """Finishes the queued publishes, then closes the store connection."""
+        if self._load_totals.num_loads:
+            log.info("event=load_stats %s", self._load_totals.log_fields())
         if self._publisher is not None:
             self._publisher.close()
             stats = self._publisher.stats()

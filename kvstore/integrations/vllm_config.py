@@ -11,7 +11,12 @@ from kvstore.client import TRANSPORT_CHOICES
 from kvstore.errors import InvalidArgumentError
 
 _PREFIX = "kvstore."
-_NUMBERS: dict[str, type[int] | type[float]] = {"timeout_s": float, "publish_buffers": int}
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+_NUMBERS: dict[str, type[int] | type[float]] = {
+    "timeout_s": float,
+    "publish_buffers": int,
+    "load_buffers": int,
+}
 
 
 @dataclass(frozen=True)
@@ -27,9 +32,14 @@ class ConnectorConfig:
         save: publish computed prompt blocks to the store.
         publish_buffers: host staging blocks for publishing (allocated at start, each one
             store block); blocks computed while all are taken are dropped and counted.
+        load_buffers: host staging blocks for loads (allocated and touched at start, each
+            one store block, even): a load lands half of them at a time while the other
+            half is copied into vLLM's pages.
         auth_token_file: file holding the token the store knows this server by (a store
             started with --auth-token-file refuses calls without one).
         tls_ca: PEM CA of the store's certificate: reach it over TLS.
+        log_level: the connector's log level (e.g. "DEBUG": a line per load with its
+            phases); empty means vLLM's.
     """
 
     address: str = "127.0.0.1:50051"
@@ -38,8 +48,10 @@ class ConnectorConfig:
     transport: str = "auto"
     save: bool = True
     publish_buffers: int = 512
+    load_buffers: int = 128
     auth_token_file: str = ""
     tls_ca: str = ""
+    log_level: str = ""
 
     def __post_init__(self) -> None:
         if ":" not in self.address:
@@ -50,6 +62,10 @@ class ConnectorConfig:
             raise InvalidArgumentError(f"transport must be one of {TRANSPORT_CHOICES}")
         if self.publish_buffers <= 0:
             raise InvalidArgumentError("publish_buffers must be > 0")
+        if self.load_buffers < 2 or self.load_buffers % 2:
+            raise InvalidArgumentError("load_buffers must be even and >= 2")
+        if self.log_level and self.log_level.upper() not in _LOG_LEVELS:
+            raise InvalidArgumentError(f"log_level must be one of {_LOG_LEVELS}")
 
     def auth_token(self) -> str:
         """The token in `auth_token_file`, or "" without one."""

@@ -1,0 +1,190 @@
+"""Worker-side loads of the vLLM connector: store blocks into vLLM's paged KV cache.
+
+Every fixed cost is paid once, at start-up (`warm_up`): the data-plane connection, a
+staging pool of `num_buffers` host blocks allocated and touched once (no page faults on a
+request's critical path), the numpy views the transport takes, and one transfer into every
+staging block (the first receive into a buffer costs more than later ones: measured 2-3x on
+a 2-core host, the transport's own set-up for that memory) of a block of the process's own
+under a random key, removed after. A load runs
+in chunks of half the pool, pipelined: while chunk k is copied into the paged layers, chunk
+k+1 is already landing in the other half.
+
+    pool:  [ half 0 | half 1 ]      chunk k lands in half k % 2
+    time:  get 0 | get 1        | get 2 ...
+                 | scatter 0    | scatter 1 ...
+
+A store block holds every layer of its tokens, so a block is usable only once all of it
+has landed: layers cannot arrive one by one without a different block layout (one key per
+layer and block) or a transport that scatters one block into several buffers.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import secrets
+from collections import deque
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from kvstore.client import Client
+from kvstore.errors import NotFoundError
+from kvstore.integrations.load_phases import LoadPhases, PhaseClock
+from kvstore.integrations.loaded_prefix import loaded_prefix_len
+from kvstore.integrations.vllm_blocks import PagedBlocks
+from kvstore.integrations.vllm_plan import BlockTransfer
+from kvstore.keys import KEY_BYTES
+
+Found = concurrent.futures.Future[tuple[bool, ...]]
+WARM_UP_IN_FLIGHT = 8  # gets at once; ucxx warns when many more wait on its futures pool
+
+
+class LoadResult(NamedTuple):
+    """How many blocks of a load, from the first, are in the paged cache; its phases; the
+    error that cut it short (None when every block was found or only some were missed)."""
+
+    num_loaded: int
+    phases: LoadPhases
+    error: BaseException | None
+
+
+class _Chunk(NamedTuple):
+    start: int  # index of its first block in the load
+    half: int  # which half of the pool it lands in
+    found: Found
+
+
+class BlockLoader:
+    """Loads blocks through a fixed staging pool; one load at a time (the worker's thread).
+
+    Args:
+        client: the store client (its data plane, or its gRPC path where it has none).
+        paged: vLLM's paged KV tensors.
+        num_buffers: staging blocks (even, >= 2); a chunk is half of them.
+    """
+
+    def __init__(self, client: Client, paged: PagedBlocks, num_buffers: int) -> None:
+        assert num_buffers >= 2 and num_buffers % 2 == 0, "the pool is two equal halves"
+        self._client = client
+        self._paged = paged
+        self.chunk_blocks = num_buffers // 2
+        self._pool = paged.empty(num_buffers)  # (num_buffers, layers, layer_elems)
+        self._buffers = PagedBlocks.as_buffers(self._pool)  # one uint8 view per block
+        self._is_cuda = paged.layers[0].is_cuda
+
+    def warm_up(self, namespace_id: bytes | None = None) -> LoadPhases:
+        """Connects the data plane, touches every staging page and, given a registered
+        namespace of the same block size, receives a block into every staging block;
+        returns what each took. Raises what the store raised."""
+        clock = PhaseClock()
+        dataplane = self._client.data_plane()  # None on the gRPC path: nothing to connect
+        clock.lap("connect")
+        self._pool.view(torch.uint8).fill_(0)  # first touch, here rather than mid-load
+        clock.lap("stage")
+        if dataplane is not None and namespace_id is not None:
+            self._receive_into_pool(dataplane, namespace_id)
+            clock.lap("transfer")
+        return clock.done(0, self._pool.numel() * self._pool.element_size())
+
+    def _receive_into_pool(self, dataplane: Any, namespace_id: bytes) -> None:
+        """One block, received into each staging block by pipelined gets (a call's keys
+        are distinct), then removed: it takes one block of the store's space, briefly."""
+        key = secrets.token_bytes(KEY_BYTES)  # no other process's block, nor a prompt's
+        self._client.put(namespace_id, [key], [self._buffers[0]])
+        try:
+            block_bytes = self._buffers[0].nbytes
+            for start in range(0, len(self._buffers), WARM_UP_IN_FLIGHT):
+                gets = [
+                    dataplane.submit_get_into(namespace_id, [key], [buffer], block_bytes)
+                    for buffer in self._buffers[start : start + WARM_UP_IN_FLIGHT]
+                ]
+                if not all(all(get.result()) for get in gets):
+                    raise NotFoundError("the warm-up block went missing (evicted?)")
+        finally:
+            self._client.remove(namespace_id, [key])
+
+    def load(self, transfer: BlockTransfer) -> LoadResult:
+        """Receives `transfer`'s blocks and writes the received prefix into its vLLM blocks.
+
+        Stops at the first block not found; waits for every transfer it started before it
+        returns, so the pool is free again.
+        """
+        clock = PhaseClock()
+        dataplane = self._client.data_plane()
+        clock.lap("connect")
+        pending: deque[_Chunk] = deque()
+        for k in range(min(2, self._num_chunks(transfer))):
+            pending.append(self._submit(dataplane, transfer, k))
+        clock.lap("submit")
+        num_ok, error = 0, None
+        while pending:
+            chunk = pending.popleft()
+            found, error = _result(chunk.found)
+            clock.lap("transfer")
+            num_chunk = loaded_prefix_len(found)
+            self._scatter(transfer, chunk, num_chunk)
+            clock.lap("scatter")
+            num_ok += num_chunk
+            if num_chunk < len(found) or error is not None:
+                _drain(pending)  # the pool is reused by the next load
+                clock.lap("transfer")
+                break
+            k = chunk.start // self.chunk_blocks + 2
+            if k < self._num_chunks(transfer):
+                pending.append(self._submit(dataplane, transfer, k))
+                clock.lap("submit")
+        return LoadResult(num_ok, clock.done(num_ok, num_ok * self._paged.block_bytes), error)
+
+    def _num_chunks(self, transfer: BlockTransfer) -> int:
+        return -(-len(transfer.keys) // self.chunk_blocks)
+
+    def _half(self, half: int, num: int) -> slice:
+        start = half * self.chunk_blocks
+        return slice(start, start + num)
+
+    def _submit(self, dataplane: Any, transfer: BlockTransfer, k: int) -> _Chunk:
+        start = k * self.chunk_blocks
+        keys = transfer.keys[start : start + self.chunk_blocks]
+        buffers = self._buffers[self._half(k % 2, len(keys))]
+        return _Chunk(start, k % 2, _get(self._client, dataplane, transfer, keys, buffers))
+
+    def _scatter(self, transfer: BlockTransfer, chunk: _Chunk, num: int) -> None:
+        if not num:
+            return
+        block_ids = transfer.block_ids[chunk.start : chunk.start + num]
+        self._paged.scatter(self._pool[self._half(chunk.half, num)], block_ids)
+        if self._is_cuda:  # the copy reads the pinned half; the next get overwrites it
+            torch.cuda.current_stream(self._paged.layers[0].device).synchronize()
+
+
+def _get(
+    client: Client,
+    dataplane: Any,
+    transfer: BlockTransfer,
+    keys: Sequence[bytes],
+    buffers: Sequence[np.ndarray],
+) -> Found:
+    """The data plane's pipelined get; on the gRPC path, a get done before it returns."""
+    if dataplane is not None:
+        block_bytes = buffers[0].nbytes
+        return dataplane.submit_get_into(transfer.namespace_id, keys, buffers, block_bytes)
+    done: Found = concurrent.futures.Future()
+    try:
+        done.set_result(client.get_into(transfer.namespace_id, keys, buffers))
+    except Exception as exc:  # reported through the future, as the data plane does
+        done.set_exception(exc)
+    return done
+
+
+def _result(found: Found) -> tuple[tuple[bool, ...], BaseException | None]:
+    try:
+        return found.result(), None
+    except Exception as exc:  # whatever broke, this chunk's blocks were not filled
+        return (), exc
+
+
+def _drain(pending: deque[_Chunk]) -> None:
+    while pending:
+        _result(pending.popleft().found)
