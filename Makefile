@@ -45,7 +45,7 @@ $(VLLM_BIN)/.installed: pyproject.toml
 
 .PHONY: test-vllm
 test-vllm: $(VLLM_BIN)/.installed
-	KVSTORE_REQUIRE_VLLM=1 $(VLLM_BIN)/pytest -q -m vllm tests/test_vllm_connector.py tests/test_conductor_vllm.py
+	KVSTORE_REQUIRE_VLLM=1 $(VLLM_BIN)/pytest -q -m vllm tests/test_vllm_connector.py tests/test_vllm_openai_server.py tests/test_conductor_vllm.py
 
 # LMCache, the peer of `kvstore-bench vllm`, pins its own grpcio/protobuf: a venv of its own.
 LMCACHE_VENV ?= .venv-lmcache
@@ -60,3 +60,8 @@ $(LMCACHE_VENV)/bin/.installed:
 .PHONY: bench-vllm
 bench-vllm: $(BIN)/.installed $(VLLM_BIN)/.installed $(LMCACHE_VENV)/bin/.installed
 	$(BIN)/kvstore-bench vllm --json vllm-bench.json
+
+# Where the time of the kvstore connector's loads goes (fresh process's first load, later ones).
+.PHONY: bench-vllm-phases
+bench-vllm-phases: $(BIN)/.installed $(VLLM_BIN)/.installed
+	$(BIN)/kvstore-bench vllm --phases --json vllm-phases.json

@@ -17,22 +17,30 @@ import logging
 import os
 import random
 import shutil
-import statistics
 import subprocess
 import tempfile
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench import vllm_phases
 from bench.options import extra_of
-from bench.report import Row
+from bench.report import Row, progress_bar
 from bench.suites import SuiteOptions
+from bench.vllm_rows import row
 from bench.vllm_systems import ROOT, SYSTEMS, System
 
 log = logging.getLogger("bench.vllm")
 ENGINE_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1"}
 SIZES = {  # quick: same rows, smaller model and prompts
-    False: {"model": "bench", "doc_len": 8192, "docs": 3, "sessions": 3, "turns": 4},
-    True: {"model": "tiny", "doc_len": 1536, "docs": 2, "sessions": 2, "turns": 3},
+    False: {
+        "model": "bench",
+        "doc_tokens": (512, 2048, 8192),
+        "docs": 3,
+        "sessions": 3,
+        "turns": 4,
+    },
+    True: {"model": "tiny", "doc_tokens": (512, 1536), "docs": 2, "sessions": 2, "turns": 3},
 }
 QUESTION_LEN = 32
 MAX_TOKENS = 16
@@ -43,27 +51,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     names = [s.name for s in SYSTEMS]
     parser.add_argument("--systems", default=",".join(names), help=f"subset of {names}")
     parser.add_argument("--model-dir", type=Path, default=None, help="reuse a built model")
+    parser.add_argument(
+        "--doc-tokens",
+        default=None,
+        help="long-doc QA document sizes, comma-separated (default 512,2048,8192; quick 512,1536)",
+    )
+    parser.add_argument(
+        "--phases",
+        action="store_true",
+        help="kvstore only: where the time of a fresh process's first and later loads goes",
+    )
 
 
 def _tokens(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(3, 2000) for _ in range(n)]
 
 
-def workloads(size: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Sessions of each workload, and the writer's sessions that fill shared caches."""
-    rng = random.Random(0)
-    docs = [_tokens(rng, size["doc_len"]) for _ in range(size["docs"])]
-    reader = [{"turns": [d + _tokens(rng, QUESTION_LEN)]} for d in docs]
+def long_doc_qa(num_docs: int, doc_tokens: int) -> dict[str, list[dict]]:
+    """Each document asked once, then each question again (vLLM's own prefix cache serves
+    the repeat: the baseline of the effective load bandwidth); the writer asks others."""
+    rng = random.Random(doc_tokens)
+    docs = [_tokens(rng, doc_tokens) for _ in range(num_docs)]
+    asks = [{"turns": [d + _tokens(rng, QUESTION_LEN)]} for d in docs]
     writer = [{"turns": [d + _tokens(rng, QUESTION_LEN)]} for d in docs]
+    return {"reader": asks + asks, "writer": writer}
+
+
+def workloads(size: dict[str, Any], doc_sizes: Sequence[int]) -> dict[str, dict[str, Any]]:
+    """Sessions of each workload, and the writer's sessions that fill shared caches."""
+    wl = {f"long-doc-qa/{n}": long_doc_qa(size["docs"], n) for n in doc_sizes}
+    rng = random.Random(0)
     system_prompt = _tokens(rng, 512)
     rounds = [
         {"turns": [system_prompt + _tokens(rng, 256)] + [_tokens(rng, 64)] * size["turns"]}
         for _ in range(size["sessions"])
     ]
-    return {
-        "long-doc-qa": {"reader": reader, "writer": writer},
-        "multi-round-qa": {"reader": rounds, "writer": []},
-    }
+    wl["multi-round-qa"] = {"reader": rounds, "writer": []}
+    return wl
+
+
+def _context_len(workload: str) -> int:
+    if workload.startswith("long-doc-qa/"):
+        return int(workload.split("/")[1]) + 512
+    return 2048
 
 
 def _run_engine(system: System, spec: dict[str, Any], workdir: Path, name: str) -> list[dict]:
@@ -76,41 +106,24 @@ def _run_engine(system: System, spec: dict[str, Any], workdir: Path, name: str) 
     return list(json.loads(out_path.read_text()))
 
 
-def _run_system(system: System, model: str, wl: dict, size: dict, workdir: Path) -> list[dict]:
+def _run_system(
+    system: System, model: str, wl: dict, workdir: Path, advance: Callable[[int], None]
+) -> dict[str, list[dict]]:
     """Per workload, the reader's records (a fresh process), after a writer if shared."""
     base = {"model": model, "connector": system.connector, "max_tokens": MAX_TOKENS}
-    base["max_model_len"] = base["max_num_batched_tokens"] = size["doc_len"] + 512
     with system.serve(workdir) as server:
         base.update(server)
         results = {}
         for name, sessions in wl.items():
+            base["max_model_len"] = base["max_num_batched_tokens"] = _context_len(name)
+            tag = f"{system.name}-{name.replace('/', '-')}"
             if system.is_shared and sessions["writer"]:
                 spec = {**base, "sessions": sessions["writer"]}
-                _run_engine(system, spec, workdir, f"{system.name}-{name}-writer")
+                _run_engine(system, spec, workdir, f"{tag}-writer")
             spec = {**base, "sessions": sessions["reader"]}
-            results[name] = _run_engine(system, spec, workdir, f"{system.name}-{name}-reader")
+            results[name] = _run_engine(system, spec, workdir, f"{tag}-reader")
+            advance(1)
     return results
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
-
-
-def _row(workload: str, system: str, records: list[dict], reference: list[dict] | None) -> Row:
-    ttft = [r["ttft_s"] * 1e3 for r in records]
-    same = reference is not None and [r["output"] for r in records] == [
-        r["output"] for r in reference
-    ]
-    return {
-        "workload": workload,
-        "system": system,
-        "ttft_p50_ms": round(statistics.median(ttft), 1),
-        "ttft_p90_ms": round(_pct(ttft, 0.9), 1),
-        "tpot_p50_ms": round(statistics.median(r["tpot_s"] * 1e3 for r in records), 2),
-        "cached_tokens": sum(r["cached_tokens"] for r in records),
-        "outputs_identical": same,
-    }
 
 
 def _build_model(path: Path, size: str) -> None:
@@ -123,31 +136,72 @@ def _has_gpu() -> bool:
     return shutil.which("nvidia-smi") is not None
 
 
+def _doc_sizes(extra: Mapping[str, object], quick: bool) -> tuple[int, ...]:
+    text = extra.get("doc_tokens")
+    if not text:
+        return tuple(SIZES[quick]["doc_tokens"])
+    sizes = tuple(int(n) for n in str(text).split(","))
+    if any(n < QUESTION_LEN for n in sizes):
+        raise SystemExit(f"kvstore-bench vllm: --doc-tokens must be >= {QUESTION_LEN}")
+    return sizes
+
+
+def _usable(system: System) -> bool:
+    if system.needs_gpu and not _has_gpu():
+        log.warning("event=system_skipped system=%s reason=needs a CUDA or XPU GPU", system.name)
+        return False
+    if (hint := system.missing()) is not None:
+        log.warning("event=system_skipped system=%s reason=%r", system.name, hint)
+        return False
+    return True
+
+
 def run(options: SuiteOptions) -> list[Row]:
-    """One row per (workload, system); outputs compared with recompute's."""
+    """One row per (workload, document size, system); outputs compared with recompute's."""
     extra = extra_of(options)
     size = SIZES[options.quick]
-    wanted = str(extra.get("systems") or ",".join(s.name for s in SYSTEMS)).split(",")
     recompute = next(s for s in SYSTEMS if s.name == "recompute")
     if (hint := recompute.missing()) is not None:
         raise SystemExit(f"kvstore-bench vllm: {hint}")  # the baseline every row needs
+    doc_sizes = _doc_sizes(extra, options.quick)
     workdir = Path(tempfile.mkdtemp(prefix="kvstore-bench-vllm-"))
-    model_dir = extra.get("model_dir") or workdir / f"model-{size['model']}"
-    _build_model(Path(str(model_dir)), size["model"])
-    wl = workloads(size)
+    model_dir = Path(str(extra.get("model_dir") or workdir / f"model-{size['model']}"))
+    _build_model(model_dir, size["model"])
+    if extra.get("phases"):
+        return _run_phases(model_dir, size["model"], doc_sizes, workdir)
+    wanted = str(extra.get("systems") or ",".join(s.name for s in SYSTEMS)).split(",")
+    systems = [s for s in SYSTEMS if (s.name in wanted or s is recompute) and _usable(s)]
+    wl = workloads(size, doc_sizes)
     results: dict[str, dict] = {}
-    for system in (s for s in SYSTEMS if s.name in wanted or s.name == "recompute"):
-        if system.needs_gpu and not _has_gpu():
-            log.warning(
-                "event=system_skipped system=%s reason=needs a CUDA or XPU GPU", system.name
-            )
-            continue
-        if (hint := system.missing()) is not None:
-            log.warning("event=system_skipped system=%s reason=%r", system.name, hint)
-            continue
-        try:
-            results[system.name] = _run_system(system, str(model_dir), wl, size, workdir)
-        except (subprocess.CalledProcessError, OSError, AssertionError, TimeoutError) as exc:
-            log.warning("event=system_failed system=%s error=%r logs=%s", system.name, exc, workdir)
+    with progress_bar("vllm", len(systems) * len(wl)) as advance:
+        for system in systems:
+            try:
+                results[system.name] = _run_system(system, str(model_dir), wl, workdir, advance)
+            except (subprocess.CalledProcessError, OSError, AssertionError, TimeoutError) as exc:
+                log.warning(
+                    "event=system_failed system=%s error=%r logs=%s", system.name, exc, workdir
+                )
     ref = results.get("recompute", {})
-    return [_row(w, name, res[w], ref.get(w)) for name, res in results.items() for w in wl]
+    return [
+        row(w, name, res[w], ref.get(w), size["model"]) for w in wl for name, res in results.items()
+    ]
+
+
+def _run_phases(model_dir: Path, model: str, doc_sizes: Sequence[int], workdir: Path) -> list[Row]:
+    """Per document size: a writer, then a fresh reader whose connector logs its phases."""
+    kvstore = next(s for s in SYSTEMS if s.name == "kvstore")
+    rows: list[Row] = []
+    with kvstore.serve(workdir) as server, progress_bar("vllm phases", len(doc_sizes)) as advance:
+        for n in doc_sizes:
+            spec: dict[str, Any] = {"model": str(model_dir), "connector": "kvstore", **server}
+            spec |= {"max_tokens": MAX_TOKENS, "max_model_len": n + 512}
+            spec["max_num_batched_tokens"] = n + 512
+            sessions = vllm_phases.sessions(n, QUESTION_LEN)
+            _run_engine(kvstore, {**spec, "sessions": sessions["writer"]}, workdir, f"w{n}")
+            reader = {**spec, **vllm_phases.debug_spec(), "sessions": sessions["reader"]}
+            records = _run_engine(kvstore, reader, workdir, f"r{n}")
+            log_text = vllm_phases.read_log(workdir / f"r{n}.log")
+            rows += vllm_phases.phase_rows(records, log_text, n)
+            advance(1)
+    del model
+    return rows

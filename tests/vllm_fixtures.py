@@ -3,11 +3,15 @@ processes (vLLM spawns workers, so each run is its own interpreter)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
+import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +19,7 @@ from typing import Any
 import lmdb
 
 from bench.vllm_engine import ENV
+from tests.conftest import wait_until
 
 RUN_TIMEOUT_S = 600
 
@@ -65,3 +70,72 @@ def corrupt_ssd_blocks(ssd_path: Path) -> int:
             txn.put(key, value[:-1] + bytes([value[-1] ^ 0xFF]))
     env.close()
     return len(records)
+
+
+@dataclass
+class OpenAIServer:
+    """A `vllm.entrypoints.openai.api_server` child process on a loopback port."""
+
+    proc: subprocess.Popen
+    base_url: str
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def is_healthy(self) -> bool:
+        assert self.proc.poll() is None, f"the vLLM server exited:\n{self.log()[-4000:]}"
+        try:
+            with urllib.request.urlopen(self.base_url.removesuffix("/v1") + "/health", timeout=2):
+                return True
+        except OSError:
+            return False
+
+    def stop(self) -> int:
+        """SIGTERM (vLLM shuts its engine down, and the connector flushes), then waits."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=SERVER_STOP_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+
+
+SERVER_START_S = 600.0
+SERVER_STOP_S = 120.0
+
+
+def server_command(model: str, port: int, kv_transfer_config: dict[str, Any]) -> list[str]:
+    """The OpenAI-compatible server of the CPU wheel (`vllm serve` looks up the wrong
+    distribution name there), with the kvstore connector."""
+    return [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        *("--model", model, "--host", "127.0.0.1", "--port", str(port)),
+        *("--dtype", "float32", "--block-size", "32", "--max-model-len", "2048"),
+        *("--enforce-eager", "--seed", "0", "--enable-prompt-tokens-details"),
+        *("--kv-transfer-config", json.dumps(kv_transfer_config)),
+    ]
+
+
+@contextlib.contextmanager
+def openai_server(
+    workdir: Path, name: str, model: str, kv_transfer_config: dict[str, Any], port: int
+) -> Iterator[OpenAIServer]:
+    """Starts a vLLM OpenAI server, waits (bounded) until it is healthy, stops it after."""
+    log_path = workdir / f"{name}.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            server_command(model, port, kv_transfer_config),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **ENV},
+        )
+    server = OpenAIServer(proc, f"http://127.0.0.1:{port}/v1", log_path)
+    try:
+        wait_until(server.is_healthy, SERVER_START_S, f"vLLM server {name} is healthy")
+        yield server
+    finally:
+        if proc.poll() is None:
+            server.stop()

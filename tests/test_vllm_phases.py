@@ -1,0 +1,121 @@
+"""The connector's phase timers and the rows `kvstore-bench vllm` makes of them, without vLLM."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.vllm_phases import parse_phases, phase_rows
+from bench.vllm_rows import kv_bytes_per_token, row
+from kvstore.errors import InvalidArgumentError
+from kvstore.integrations.load_phases import PhaseClock, PhaseTotals
+from kvstore.integrations.vllm_config import ConnectorConfig
+
+
+def _clock(*times: float) -> PhaseClock:
+    ticks = iter(times)
+    return PhaseClock(clock=lambda: next(ticks))
+
+
+def test_laps_add_up_per_phase_and_skipped_time_counts_nowhere():
+    clock = _clock(0.0, 0.5, 1.5, 2.0, 4.0, 4.25)
+    clock.lap("connect")  # 0.5
+    clock.lap("transfer")  # 1.0
+    clock.skip()  # 0.5 of nothing
+    clock.lap("transfer")  # 2.0
+    clock.lap("scatter")  # 0.25
+    phases = clock.done(num_blocks=4, num_bytes=13_000_000_000)
+    assert phases.seconds == {"connect": 0.5, "transfer": 3.0, "scatter": 0.25}
+    assert phases.total_s == 3.75
+    assert phases.log_fields() == (
+        "connect_ms=500.00 transfer_ms=3000.00 scatter_ms=250.00 total_ms=3750.00 "
+        "blocks=4 bytes=13000000000 gbps=3.467"
+    )
+
+
+def test_totals_sum_loads():
+    totals = PhaseTotals()
+    totals.add(_lapped("transfer", 1.0, 2, 10))
+    totals.add(_lapped("transfer", 0.5, 3, 5))
+    assert (totals.num_loads, totals.num_blocks, totals.num_bytes) == (2, 5, 15)
+    assert dict(totals.items()) == {"transfer": 1.5}
+    assert totals.log_fields().startswith("loads=2 transfer_ms=1500.00 total_ms=1500.00 blocks=5")
+
+
+def _lapped(name: str, seconds: float, num_blocks: int, num_bytes: int):
+    clock = _clock(0.0, seconds)
+    clock.lap(name)
+    return clock.done(num_blocks, num_bytes)
+
+
+def test_config_reads_load_buffers_and_log_level():
+    config = ConnectorConfig.from_extra_config(
+        {"kvstore.load_buffers": "8", "kvstore.log_level": "debug"}
+    )
+    assert (config.load_buffers, config.log_level) == (8, "debug")
+    assert ConnectorConfig().load_buffers == 128
+    for bad in ({"kvstore.load_buffers": "3"}, {"kvstore.load_buffers": "0"}):
+        with pytest.raises(InvalidArgumentError, match="load_buffers"):
+            ConnectorConfig.from_extra_config(bad)
+    with pytest.raises(InvalidArgumentError, match="log_level"):
+        ConnectorConfig(log_level="chatty")
+
+
+LOG = """\
+INFO event=kv_caches_registered layers=8
+DEBUG event=match_phases req=s0t0-1f2e keys_ms=1.50 match_ms=2.50 total_ms=4.00 \
+blocks=4 bytes=0 gbps=0
+DEBUG event=load_phases req=s0t0 connect_ms=0.01 submit_ms=0.20 transfer_ms=30.00 \
+scatter_ms=9.79 total_ms=40.00 blocks=4 bytes=40000000 gbps=1.000
+DEBUG event=match_phases req=s1t0 keys_ms=0.50 match_ms=1.50 total_ms=2.00 blocks=4 bytes=0 gbps=0
+DEBUG event=load_phases req=s1t0 connect_ms=0.00 submit_ms=0.10 transfer_ms=15.00 \
+scatter_ms=4.90 total_ms=20.00 blocks=4 bytes=40000000 gbps=2.000
+DEBUG event=match_phases req=s2t0 keys_ms=0.50 match_ms=0.00 total_ms=0.50 blocks=0 bytes=0 gbps=0
+"""
+
+
+def test_phase_lines_are_parsed_in_log_order():
+    loads = parse_phases(LOG, "load_phases")
+    assert {req: load["transfer"] for req, load in loads.items()} == {"s0t0": 30.0, "s1t0": 15.0}
+    assert loads["s0t0"]["bytes"] == 40_000_000.0
+    assert set(parse_phases(LOG, "match_phases")) == {"s0t0", "s1t0", "s2t0"}
+
+
+def test_phase_rows_account_for_each_request_and_its_bandwidths():
+    records = [
+        {"session": 0, "turn": 0, "ttft_s": 0.100, "cached_tokens": 128},
+        {"session": 1, "turn": 0, "ttft_s": 0.070, "cached_tokens": 128},
+        {"session": 2, "turn": 0, "ttft_s": 0.050, "cached_tokens": 128},  # vLLM's own cache
+    ]
+    first, later, own = phase_rows(records, LOG, 160)
+    assert first["transfer_ms"] == 30.0 and first["sched_match_ms"] == 2.5
+    assert first["rest_ms"] == 56.0  # 100 - 40 (load) - 4 (scheduler side)
+    assert first["load_gbps"] == 1.0
+    assert first["effective_gbps"] == 0.8  # 40 MB over 100 - 50 ms
+    assert later["effective_gbps"] == 2.0
+    assert (own["load_mib"], own["effective_gbps"]) == (0.0, None)
+
+
+def test_rows_report_doc_tokens_and_the_load_bandwidth_over_vllms_own_cache():
+    per_token = kv_bytes_per_token("tiny")
+    assert per_token == 2 * 2 * 2 * 32 * 4  # layers, K and V, kv heads, head dim, fp32
+    asks = [
+        {"ttft_s": 0.30, "tpot_s": 0.01, "cached_tokens": 1000, "output": [1]},
+        {"ttft_s": 0.20, "tpot_s": 0.01, "cached_tokens": 1000, "output": [2]},
+    ]
+    repeats = [
+        {"ttft_s": 0.10, "tpot_s": 0.01, "cached_tokens": 1024, "output": [1]},
+        {"ttft_s": 0.10, "tpot_s": 0.01, "cached_tokens": 1024, "output": [2]},
+    ]
+    got = row("long-doc-qa/1024", "kvstore", asks + repeats, asks + repeats, "tiny")
+    assert (got["workload"], got["doc_tokens"], got["system"]) == ("long-doc-qa", 1024, "kvstore")
+    assert (got["ttft_p50_ms"], got["first_ttft_ms"], got["own_cache_ttft_ms"]) == (
+        250.0,
+        300.0,
+        100.0,
+    )
+    assert got["cached_tokens"] == 2000
+    rates = sorted(1000 * per_token / s / 1e9 for s in (0.2, 0.1))
+    assert got["load_gbps"] == round(sum(rates) / 2, 3)
+    assert got["outputs_identical"] is True
+    rounds = row("multi-round-qa", "recompute", asks, None, "tiny")
+    assert (rounds["doc_tokens"], rounds["load_gbps"]) == (None, None)
