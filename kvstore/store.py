@@ -251,6 +251,23 @@ class Store(StoreWrites):
         with self._lock:
             return self._tiering.tenant_bytes()
 
+    def tiers_of(self, namespace_id: bytes, keys: Sequence[bytes]) -> tuple[frozenset[str], ...]:
+        """Every tier holding a copy of each committed block of `keys` (empty: not held);
+        changes nothing. For operators and tests: `match` reports only the tier a read
+        would be served from."""
+        with self._lock:
+            self._check_keys(namespace_id, keys)
+            entries = [self._index.readable(namespace_id, key) for key in keys]
+            return tuple(frozenset() if e is None else _tiers_holding(e) for e in entries)
+
+    def eviction_order(self, tier: str) -> list[tuple[bytes, bytes]]:
+        """The (namespace id, key) of the blocks `tier`'s policy ("dram" or "ssd") would
+        evict, best victim first; changes nothing. For operators and tests."""
+        with self._lock:
+            policy = {"dram": self._tiering.dram_policy, "ssd": self._tiering.ssd_policy}[tier]
+            entries = (self._index.get(block) for block in policy.candidates())
+            return [(e.namespace_id, e.key) for e in entries if e is not None]
+
     def demote_now(self) -> int:
         """Runs one demotion pass now (tests, benchmarks); returns blocks demoted."""
         return self._tiering.demote_pass() if self._tiering.ssd is not None else 0
@@ -303,3 +320,10 @@ class Store(StoreWrites):
     def _end_lease(self, lease: OpenLease) -> None:
         for entry in lease.entries:
             self._tiering.end_lease(entry)
+
+
+def _tiers_holding(entry: Entry) -> frozenset[str]:
+    held = {"dram"} if entry.slot is not None else set()
+    held |= {"ssd"} if entry.on_ssd else set()
+    held |= {"hbm"} if entry.hbm_slot is not None else set()
+    return frozenset(held)

@@ -170,5 +170,5 @@ def test_links_that_close_a_cycle_on_ssd_are_cut_at_start_up(tmp_path):
     )
     with Store(config) as store:
         store.check_integrity()
-        assert set(store._tiering.ssd_policy.candidates()) == {NS.id + own, NS.id + a}
+        assert set(store.eviction_order("ssd")) == {(NS.id, own), (NS.id, a)}
         assert store.read(NS.id, [own, a, b]) == [_payload(k) for k in (own, a, b)]

@@ -122,7 +122,7 @@ def test_old_format_ssd_records_are_migrated_on_start_up(tmp_path):
         assert store.match(NS_A.id, KEYS).tiers == ("ssd",) * 3
         assert store.match(NS_B.id, KEYS).num_matched == 0
         assert store.stats().checksum_failures == 0
-        assert store._tiering.ssd_policy._chains.parent(NS_A.id + KEYS[1]) == NS_A.id + KEYS[0]
+        assert store.eviction_order("ssd") == [(NS_A.id, KEYS[2])]  # linked: its tail only
     assert sorted(_lmdb_keys(path)) == sorted(NS_A.id + k for k in KEYS)
     with _make_store(path) as store:  # the migrated records come back as they are
         assert store.read(NS_A.id, KEYS) == [_payload(NS_A, k) for k in KEYS]
