@@ -155,9 +155,10 @@ class DecodeLoadPredictor:
         its KV exceeds the capacity.
 
         The sequences ahead of it are those running or waiting now and those incoming
-        before `at_s`; one arriving later is not counted: it was or will be admitted
-        against the batch it finds, this one included. Each joins (in order) at the first
-        step its KV fits beside the expected KV of the batch (`_ExpectedBatch`).
+        before `at_s`; one arriving later is not counted: it queues behind. Each joins (in
+        order) at the first step its KV fits beside the expected KV of the batch
+        (`_ExpectedBatch`). Not counted either, being unknown yet: requests routed after
+        this one that reach the instance before it (a shorter prefill), which join ahead.
         """
         capacity = decode.kv_capacity_tokens
         if input_len > capacity:
