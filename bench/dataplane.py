@@ -194,7 +194,7 @@ def _kvstore_cells(address: str, transport: str, reps: dict) -> dict:
 def _run_redis(quick: bool) -> dict:
     binary = shutil.which("redis-server")
     if binary is None:
-        raise RuntimeError("redis-server not found")
+        raise RuntimeError("Redis needs redis-server: apt-get install redis-server")
     port = _free_port()
     cmd = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -225,14 +225,33 @@ def _wait_port(port: int, timeout_s: float = 30.0) -> None:
             time.sleep(0.05)
 
 
-def _run_mooncake(quick: bool) -> dict:
+MOONCAKE_LIBS = {"ibverbs": "libibverbs1", "rdmacm": "librdmacm1", "numa": "libnuma1"}
+
+
+def mooncake_missing() -> str | None:
+    """What to install before the Mooncake Store peer can run, or None when nothing."""
+    import ctypes.util
     import importlib.util
 
     if importlib.util.find_spec("mooncake") is None:
-        raise RuntimeError("absent: pip install 'kvstore[peers]'")
-    binary = shutil.which("mooncake_master") or os.path.join(
-        os.path.dirname(sys.executable), "mooncake_master"
-    )
+        return "Mooncake Store needs its package: pip install 'kvstore[peers]'"
+    debs = [deb for lib, deb in MOONCAKE_LIBS.items() if ctypes.util.find_library(lib) is None]
+    if debs:
+        return f"Mooncake Store needs Debian's {' '.join(debs)}: apt-get install {' '.join(debs)}"
+    if not os.path.exists(_mooncake_master()):
+        return "Mooncake Store needs mooncake_master: pip install 'kvstore[peers]'"
+    return None
+
+
+def _mooncake_master() -> str:
+    beside = os.path.join(os.path.dirname(sys.executable), "mooncake_master")
+    return shutil.which("mooncake_master") or beside
+
+
+def _run_mooncake(quick: bool) -> dict:
+    if (missing := mooncake_missing()) is not None:
+        raise RuntimeError(missing)
+    binary = _mooncake_master()
     rpc, http = _free_port(), _free_port()
     cmd = [
         binary, f"--rpc_port={rpc}", "--enable_http_metadata_server=true",

@@ -47,3 +47,22 @@ def test_memcpy_targets_start_at_1_mib():
     gbps = {("kvstore-ucx", "put"): 1.0, ("memcpy", "put"): 10.0}
     small = dataplane._ratio_row(_rows(gbps, 256 << 10), 256 << 10)
     assert small["put/memcpy"] == pytest.approx(0.1) and small["missed"] == "-"
+
+
+def test_a_missing_mooncake_piece_is_named_with_what_to_install(monkeypatch):
+    import ctypes.util
+    import importlib.util
+
+    from bench import dataplane
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert dataplane.mooncake_missing() == (
+        "Mooncake Store needs its package: pip install 'kvstore[peers]'"
+    )
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+    no_rdma = {"ibverbs", "rdmacm"}
+    monkeypatch.setattr(ctypes.util, "find_library", lambda n: None if n in no_rdma else n)
+    assert dataplane.mooncake_missing() == (
+        "Mooncake Store needs Debian's libibverbs1 librdmacm1: "
+        "apt-get install libibverbs1 librdmacm1"
+    )
