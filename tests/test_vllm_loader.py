@@ -101,7 +101,7 @@ def test_a_store_gone_mid_session_is_an_error_with_nothing_loaded(store_factory)
         client.register_namespace(NS)
         loader = BlockLoader(client, dst, 2)
         loader.warm_up()
-        store.kill()
+        assert store.stop() == 0  # SIGTERM: gone, and its address checker with it
         result = loader.load(blocks.transfer(0, 4))
     assert result.num_loaded == 0
     assert result.error is not None
