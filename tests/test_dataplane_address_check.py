@@ -3,6 +3,9 @@ worker address is accepted, and a refusal leaves a checker ready for the next ca
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from kvstore import errors
@@ -33,3 +36,17 @@ def test_refuses_garbage_then_accepts_a_real_address(worker_address):
         checker.check(worker_address)
     finally:
         checker.close()
+
+
+def test_the_checker_exits_when_its_node_goes_away():
+    """A node killed without closing its checker closes the checker's stdin: it must exit, not
+    live on as an orphan (UCX's progress thread would keep it alive)."""
+    cmd = [sys.executable, "-m", "kvstore.dataplane.address_check"]
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdin is not None
+        proc.stdin.close()  # what the kernel does when the node dies
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -125,6 +125,9 @@ async def _serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
 
 def main() -> None:
     asyncio.run(_serve(sys.stdin.buffer, sys.stdout.buffer))
+    # Stdin closed: the node is gone (or closed us). Exit now: UCX's progress thread would
+    # keep the interpreter alive, spinning, as an orphan of a node that was killed.
+    os._exit(0)
 
 
 if __name__ == "__main__":
