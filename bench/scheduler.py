@@ -109,16 +109,7 @@ def _row(s: Mapping[str, object], policy: str, config: SimConfig, result: SimRes
     return {
         "policy": policy,
         "speedup": config.speedup,
-        "slo_attainment": m.slo_attainment,
-        "accepted_slo_attainment": m.accepted_slo_attainment,
-        "goodput_rps": m.goodput_rps,
-        "rejected": m.rejected,
-        "wasted_prefill_tokens": m.wasted_prefill_tokens,
-        "ttft_p50_s": m.ttft_p50_s,
-        "ttft_p90_s": m.ttft_p90_s,
-        "tbt_p90_ms": m.tbt_p90_ms,
-        "decode_load_std": m.decode_load_std,
-        "requests": m.requests,
+        **m._asdict(),  # the simulator's columns, the same in every row
         "prefill": config.num_prefill,
         "decode": config.num_decode,
         "ttft_slo_s": config.slo.ttft_s,

@@ -226,17 +226,8 @@ def _row(
     return {
         "policy": policy,
         "speedup": speedup,
-        "slo_attainment": m.slo_attainment,
-        "accepted_slo_attainment": m.accepted_slo_attainment,
-        "goodput_rps": m.goodput_rps,
-        "rejected": m.rejected,
-        "wasted_prefill_tokens": m.wasted_prefill_tokens,
-        "ttft_p50_s": m.ttft_p50_s,
-        "ttft_p90_s": m.ttft_p90_s,
-        "tbt_p90_ms": m.tbt_p90_ms,
-        "decode_load_std": m.decode_load_std,
+        **m._asdict(),  # the simulator's columns, the same in every row
         **_prediction_error(outcomes),
-        "requests": m.requests,
         "failed": sum(
             o.rejected is None and not o.finish_reason.startswith(("length", "stop"))
             for o in outcomes
