@@ -93,5 +93,8 @@ def _line(line: str, where: str) -> tuple[str, dict[str, int]]:
         tier, sep, size = item.partition("=")
         if not sep or tier not in QUOTA_TIERS or tier in tiers:
             raise InvalidArgumentError(f"{where}: {item!r} is not one of {QUOTA_TIERS}=SIZE")
-        tiers[tier] = parse_bytes(size)
+        try:
+            tiers[tier] = parse_bytes(size)
+        except (InvalidArgumentError, ValueError) as exc:
+            raise InvalidArgumentError(f"{where}: {tier}: {exc}") from None
     return tenant, tiers
