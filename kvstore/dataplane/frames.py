@@ -45,6 +45,8 @@ _HEAD = struct.Struct("<BIQBQ")  # op, num_keys, block_bytes, flags, request_id
 _HAS_PARENTS, _EAGER = 1, 2  # request flags
 _REPLY = struct.Struct("<BQQI")  # is_error, reservation_id, block_bytes, num_flags
 _REQUEST_BITS = 44
+MAX_REQUEST_ID = (1 << 64) - 1  # a frame's request id is a u64
+BASE_MASK = ((1 << _REQUEST_BITS) - 1) << 16  # the request bits of a tag (module table)
 _MAX_ERROR_TEXT = 1000
 
 

@@ -36,12 +36,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
-import secrets
-import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from kvstore import errors
@@ -49,28 +45,19 @@ from kvstore.dataplane import frames, transfers
 from kvstore.dataplane.address_check import AddressChecker
 from kvstore.dataplane.base import Admission, DataPlaneServer, ServerSettings
 from kvstore.dataplane.buffers import as_transfer_buffer
+from kvstore.dataplane.connections import Connection, Connections
+from kvstore.dataplane.expected import ExpectedTags
 from kvstore.dataplane.frames import Op, Reply, Request, RequestTags
 from kvstore.dataplane.runtime import UcxRuntime, with_deadline
+from kvstore.dataplane.sweeper import Sweeper, Swept, sweep_forever
 from kvstore.metrics import CallMetrics
 from kvstore.results import PutStatus
 from kvstore.store import Store
-from kvstore.tenancy import Tenants, TenantScope
+from kvstore.tenancy import Tenants
 
 log = logging.getLogger("kvstore.dataplane")
 STATUS_CODES = (PutStatus.RESERVED, PutStatus.PRESENT, PutStatus.IN_FLIGHT)
-
-
-@dataclass
-class _Connection:
-    client_id: int
-    peer: str  # the handshake's gRPC peer ("ipv4:127.0.0.1:5000"): the store's client
-    peer_host: str  # without the port: what per-peer limits count
-    store: TenantScope  # the store as the connection's tenant sees it
-    tags: frames.Tags
-    deadline: float  # dropped if no frame arrives before this (monotonic seconds)
-    ep: Any = None
-    loop_task: asyncio.Task[None] | None = None
-    in_flight: set[int] = field(default_factory=set)  # request ids being handled
+SWEEP_PERIOD_S = 0.05  # how often the worker's unmatched messages are looked at (`sweeper`)
 
 
 class UcxServer(DataPlaneServer):
@@ -91,12 +78,15 @@ class UcxServer(DataPlaneServer):
         ucx_config = {"NET_DEVICES": self.settings.net_devices} if self.settings.net_devices else {}
         self._rt = UcxRuntime("kvstore-ucx-server", ucx_config)
         self._checker = AddressChecker(ucx_config)
-        self._ids = itertools.count(1)
-        self._lock = threading.Lock()  # guards `_connections` against the gRPC threads
-        self._connections: dict[int, _Connection] = {}
+        self._connections = Connections(self.settings)
         self._max_request_bytes = frames.request_bytes(store.config.max_batch_keys)
         self._scratch = memoryview(bytearray(0))  # where drained blocks land (`_drain`)
         self._reaper = self._rt.submit(self._reap_forever())
+        self._expected = ExpectedTags()  # touched on the loop thread only
+        self.sweeper = Sweeper(self._rt.ctx.worker, self._expected.expects, self.timeout_s)
+        self._sweeps = self._rt.submit(
+            sweep_forever(self.sweeper, time.monotonic, self._on_sweep, SWEEP_PERIOD_S)
+        )
 
     @property
     def address(self) -> bytes:
@@ -104,8 +94,7 @@ class UcxServer(DataPlaneServer):
 
     @property
     def num_connections(self) -> int:
-        with self._lock:
-            return len(self._connections)
+        return len(self._connections)
 
     def connect(self, client_address: bytes, peer: str, tenant: str = "") -> Admission:
         s = self.settings
@@ -113,67 +102,40 @@ class UcxServer(DataPlaneServer):
             raise errors.InvalidArgumentError(
                 f"client_address has {len(client_address)} bytes; 1 to {s.max_address_bytes}"
             )
-        conn = self._admit(peer, self.tenants.scope(tenant))
+        conn = self._connections.admit(peer, self.tenants.scope(tenant))
         try:
             self._checker.check(client_address)
             self._rt.call(self._accept(conn, client_address), self.timeout_s)
         except BaseException:
-            with self._lock:
-                self._connections.pop(conn.client_id, None)
+            self._connections.pop(conn.client_id)
+            self._rt.loop.call_soon_threadsafe(self._expected.remove, conn.client_id)
             raise
         log.info("event=ucx_connect client=%d peer=%s", conn.client_id, peer)
         return Admission(conn.client_id, conn.tags.secret)
 
-    def _admit(self, peer: str, scope: TenantScope) -> _Connection:
-        """A new connection for `peer`, counted at once so limits hold under concurrency."""
-        s = self.settings
-        secret = secrets.token_bytes(frames.SECRET_BYTES)
-        conn = _Connection(
-            next(self._ids),
-            peer,
-            _peer_host(peer),
-            scope,
-            frames.Tags(secret),
-            time.monotonic() + s.hello_timeout_s,
-        )
-        with self._lock:
-            if len(self._connections) >= s.max_connections:
-                raise errors.TooManyConnectionsError(
-                    f"node holds {len(self._connections)} data-plane connections "
-                    f"(max_dataplane_connections={s.max_connections})"
-                )
-            num_peer = sum(c.peer_host == conn.peer_host for c in self._connections.values())
-            if num_peer >= s.max_connections_per_peer:
-                raise errors.TooManyConnectionsError(
-                    f"{conn.peer_host} holds {num_peer} data-plane connections "
-                    f"(max_dataplane_connections_per_peer={s.max_connections_per_peer})"
-                )
-            self._connections[conn.client_id] = conn
-        return conn
-
     def stop(self) -> None:
         self._reaper.cancel()
-        with self._lock:
-            ids = list(self._connections)
-        for client_id in ids:
+        self._sweeps.cancel()
+        for client_id in self._connections.ids():
             self._rt.loop.call_soon_threadsafe(self._drop, client_id, "stopping")
         self._rt.stop()
         self._checker.close()
 
-    async def _accept(self, conn: _Connection, client_address: bytes) -> None:
+    async def _accept(self, conn: Connection, client_address: bytes) -> None:
         address = self._rt.ucxx.get_ucx_address_from_buffer(client_address)
         conn.ep = await self._rt.ctx.create_endpoint_from_worker_address(
             address, endpoint_error_handling=self.settings.error_handling
         )
+        self._expected.add(conn.client_id, conn.tags, conn.in_flight)
         conn.loop_task = asyncio.create_task(self._serve_client(conn))
 
     def _drop(self, client_id: int, reason: str) -> None:
         """Forgets a client and cancels its in-flight transfers (before slots are freed)."""
-        with self._lock:
-            conn = self._connections.pop(client_id, None)
+        conn = self._connections.pop(client_id)
         if conn is None:
             return
         log.info("event=ucx_disconnect client=%d reason=%s", client_id, reason)
+        self._expected.remove(client_id)
         if conn.loop_task is not None and conn.loop_task is not asyncio.current_task():
             conn.loop_task.cancel()
         if conn.ep is not None:
@@ -184,8 +146,7 @@ class UcxServer(DataPlaneServer):
         """Drops connections past their deadline (at `now`, default the monotonic clock);
         returns how many. Runs every second on its own; callable from any thread."""
         now = time.monotonic() if now is None else now
-        with self._lock:
-            late = [c.client_id for c in self._connections.values() if c.deadline <= now]
+        late = self._connections.late(now)
         for client_id in late:
             self._rt.loop.call_soon_threadsafe(self._drop, client_id, "idle")
         return len(late)
@@ -195,7 +156,18 @@ class UcxServer(DataPlaneServer):
             await asyncio.sleep(1.0)
             self.reap()
 
-    async def _serve_client(self, conn: _Connection) -> None:
+    def _on_sweep(self, swept: Swept) -> None:
+        """Counts what the sweeper dropped. A message of a live connection that no receive
+        took within a transfer's deadline (a block of a request its client never made) ends
+        that connection."""
+        if self.metrics is not None:
+            self.metrics.swept.labels("ucx").inc(swept.num_dropped)
+        client_id = None if swept.stale_tag is None else self._expected.owner(swept.stale_tag)
+        if client_id is not None:
+            log.warning("event=ucx_bad_frame client=%d error=a frame no request reads", client_id)
+            self._drop(client_id, "bad_frame")
+
+    async def _serve_client(self, conn: Connection) -> None:
         pending: set[asyncio.Task[None]] = set()
         while True:
             buf = bytearray(self._max_request_bytes)
@@ -209,6 +181,7 @@ class UcxServer(DataPlaneServer):
                 self._drop(conn.client_id, "bad_frame")
                 return
             conn.deadline = time.monotonic() + self.settings.idle_timeout_s
+            self._expected.read(conn.client_id, req.request_id)
             if req.op is Op.CLOSE:
                 self._drop(conn.client_id, "closed")
                 return
@@ -223,7 +196,7 @@ class UcxServer(DataPlaneServer):
             pending.add(task)
             task.add_done_callback(pending.discard)
 
-    async def _handle(self, conn: _Connection, req: Request) -> None:
+    async def _handle(self, conn: Connection, req: Request) -> None:
         tags = RequestTags.of(conn.tags, req.request_id)
         start = time.perf_counter()
         try:
@@ -249,7 +222,7 @@ class UcxServer(DataPlaneServer):
         sent = transfers.post_sends(ep, [frames.encode_reply(reply)], [tag])
         await with_deadline(transfers.wait_all(sent), self.timeout_s)
 
-    def _check_block_bytes(self, conn: _Connection, req: Request) -> None:
+    def _check_block_bytes(self, conn: Connection, req: Request) -> None:
         """Same errors as the gRPC path: short blocks are incomplete, long ones too big."""
         block_bytes = conn.store.namespace(req.namespace_id).block_bytes
         if req.op is Op.PUT and req.block_bytes < block_bytes:
@@ -264,7 +237,7 @@ class UcxServer(DataPlaneServer):
 
     # -- get -----------------------------------------------------------------------------
 
-    async def _get(self, conn: _Connection, tags: RequestTags, req: Request) -> None:
+    async def _get(self, conn: Connection, tags: RequestTags, req: Request) -> None:
         try:
             self._check_block_bytes(conn, req)
             lease = conn.store.acquire(req.namespace_id, req.keys, True, conn.peer)
@@ -295,7 +268,7 @@ class UcxServer(DataPlaneServer):
 
     # -- put -----------------------------------------------------------------------------
 
-    async def _put(self, conn: _Connection, tags: RequestTags, req: Request) -> None:
+    async def _put(self, conn: Connection, tags: RequestTags, req: Request) -> None:
         try:
             self._check_block_bytes(conn, req)  # a wrong size is never drained (module docstring)
         except errors.KVStoreError as exc:
@@ -323,7 +296,7 @@ class UcxServer(DataPlaneServer):
         await self._finish_put(conn, tags, req, rid, dict(zip(todo, crcs, strict=True)))
 
     def _drain(
-        self, conn: _Connection, tags: RequestTags, req: Request, kept: set[int]
+        self, conn: Connection, tags: RequestTags, req: Request, kept: set[int]
     ) -> list[Any]:
         """For an eager put: receives of the blocks it sent that no slot takes, into scratch
         memory (one buffer of the block size, shared: its bytes are never read)."""
@@ -344,7 +317,7 @@ class UcxServer(DataPlaneServer):
         return crcs
 
     async def _refuse_put(
-        self, conn: _Connection, tags: RequestTags, req: Request, exc: errors.KVStoreError
+        self, conn: Connection, tags: RequestTags, req: Request, exc: errors.KVStoreError
     ) -> None:
         """Replies `exc`; an eager client sent its blocks anyway: they are drained first."""
         drains = self._drain(conn, tags, req, set())
@@ -356,7 +329,7 @@ class UcxServer(DataPlaneServer):
             raise
 
     async def _finish_put(
-        self, conn: _Connection, tags: RequestTags, req: Request, rid: int, crcs: dict[int, int]
+        self, conn: Connection, tags: RequestTags, req: Request, rid: int, crcs: dict[int, int]
     ) -> None:
         try:
             # The sums are known: a short bookkeeping pass under the store's lock, inline.
@@ -370,7 +343,7 @@ class UcxServer(DataPlaneServer):
             self.metrics.moved("ucx", "put", len(crcs) * req.block_bytes, 0)
         await self._reply(conn.ep, Reply(), tags.done, Op.PUT)
 
-    def _abort_quietly(self, conn: _Connection, rid: int) -> None:
+    def _abort_quietly(self, conn: Connection, rid: int) -> None:
         with contextlib.suppress(errors.KVStoreError):
             conn.store.abort(rid, conn.peer)
 
@@ -378,9 +351,3 @@ class UcxServer(DataPlaneServer):
 def _sendable(view: Any) -> Any:
     """A leased block as ucxx sends it: a DRAM memoryview as is, a device tensor wrapped."""
     return view if isinstance(view, memoryview) else as_transfer_buffer(view, False).obj
-
-
-def _peer_host(peer: str) -> str:
-    """A gRPC peer without its port ("ipv4:127.0.0.1:5000" -> "ipv4:127.0.0.1")."""
-    host, sep, port = peer.rpartition(":")
-    return host if sep and port.isdigit() else peer

@@ -35,6 +35,13 @@ class CallMetrics:
             registry=registry,
         )
 
+        self.swept = Counter(
+            "kvstore_swept_messages",
+            "data-plane messages under tags no receive would match, dropped by the node",
+            ["plane"],
+            registry=registry,
+        )
+
     def observe(self, plane: str, method: str, seconds: float, error: str | None) -> None:
         """Records one finished call; `error` is the class name of the error it ended with."""
         self.duration.labels(plane, method).observe(seconds)
