@@ -141,3 +141,16 @@ def test_server_killed_mid_get_gives_typed_error(tmp_path):
     assert isinstance(failures[0], errors.DeadlineExceededError | errors.UnavailableError)
     client.close()
     store.proc.wait()
+
+
+def test_a_client_of_a_killed_node_closes_without_raising(store_factory):
+    """The CLOSE of a client whose node was SIGKILLed finds the connection reset: closing
+    still succeeds (it used to raise UCX's own ConnectionResetError) and frees the client."""
+    require_extra("ucxx")
+    store = store_factory("--dram-bytes", "16MiB", "--slab-bytes", "1MiB")
+    client = Client(store.address, timeout_s=2.0, transport="ucx")
+    dataplane = client.data_plane()
+    assert dataplane is not None and dataplane.is_open
+    store.kill()
+    client.close()
+    assert not dataplane.is_open

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.auth.channels import open_channel
 from kvstore.client import Client
 from kvstore.keys import KVLayout, Namespace, block_keys
 from kvstore.server import EmbeddedServer, ServerConfig
@@ -37,6 +38,8 @@ TIMEOUT_S = 10.0  # reservations and leases, on the node's fake clock
 MAX_MESSAGE_BYTES = 1 << 20
 KNOWN_KEYS = tuple(block_keys(NS, list(range(8 * NS.block_tokens))))  # committed at start
 SERVICE = "/kvstore.v1.KVStore/"
+TOKEN = "fuzz-token-0123456789abcdef"
+OTHER_TOKEN = "bystander-token-0123456789"
 # A caller's mistake or a limit of the node: what any request may end with besides OK.
 ALLOWED = frozenset(
     {
@@ -92,6 +95,8 @@ class Node:
     channel: grpc.Channel
     stub: pb_grpc.KVStoreStub
     client: Client  # a well-behaved client beside the fuzzing channel
+    other: Client  # another owner of reservations: another peer, or with tokens another tenant
+    has_tokens: bool  # every call needs a token (the channel and the clients carry one)
     fresh: Iterator[int] = field(default_factory=itertools.count)
 
     def fresh_keys(self, n: int) -> list[bytes]:
@@ -101,8 +106,10 @@ class Node:
         ]
 
 
-@pytest.fixture(scope="module")
-def node() -> Iterator[Node]:
+@pytest.fixture(scope="module", params=["open", "tokens"])
+def node(request, tmp_path_factory) -> Iterator[Node]:
+    """A node without authentication, and one with tokens: there every call of the fuzzing
+    carries a tenant's token, so the bytes reach the handlers as that tenant's."""
     store_config = StoreConfig(
         dram_bytes=32 << 20,
         slab_bytes=1 << 20,
@@ -110,17 +117,33 @@ def node() -> Iterator[Node]:
         reservation_timeout_s=TIMEOUT_S,
         lease_timeout_s=TIMEOUT_S,
     )
-    config = ServerConfig(port=0, max_message_bytes=MAX_MESSAGE_BYTES, chunk_bytes=1500)
+    token = TOKEN if request.param == "tokens" else ""
+    tokens = tmp_path_factory.mktemp("fuzz-tokens") / "tokens"
+    tokens.write_text(f"fuzzers {TOKEN}\nbystanders {OTHER_TOKEN}\n")
+    config = ServerConfig(
+        port=0,
+        max_message_bytes=MAX_MESSAGE_BYTES,
+        chunk_bytes=1500,
+        auth_token_file=str(tokens) if token else "",
+    )
     server = EmbeddedServer(store_config, config)
     clock = FakeClock()
     server.store.clock = clock  # before it serves: deadlines move only with the test
     with server:
-        channel = grpc.insecure_channel(server.address)
-        with Client(server.address, timeout_s=10.0, transport="grpc") as client:
+        channel = open_channel(server.address, auth_token=token)
+        other_token = OTHER_TOKEN if token else ""
+        with (
+            Client(server.address, timeout_s=10.0, transport="grpc", auth_token=token) as client,
+            Client(
+                server.address, timeout_s=10.0, transport="grpc", auth_token=other_token
+            ) as other,
+        ):
             client.register_namespace(NS)
             client.register_namespace(OTHER)
             client.put_chain(NS.id, list(KNOWN_KEYS), [_content(k) for k in KNOWN_KEYS])
-            yield Node(server, clock, channel, pb_grpc.KVStoreStub(channel), client)
+            other.register_namespace(NS)
+            stub = pb_grpc.KVStoreStub(channel)
+            yield Node(server, clock, channel, stub, client, other, bool(token))
         channel.close()
 
 
@@ -258,6 +281,21 @@ def test_raw_bytes_to_unary_rpcs(node, caplog, method, data):
     _raw_bytes_to_unary(node, caplog, method, data.draw(raw_requests(method)))
 
 
+@pytest.mark.parametrize("method", [*UNARY, "DataPlaneInfo"])
+@FUZZ_FEW
+@given(payload=st.binary(max_size=256))
+def test_raw_bytes_without_a_token_are_unauthenticated(node, caplog, method, payload):
+    """With tokens, a call without one is refused before any handler reads its bytes;
+    without, no call is refused for lacking one."""
+    with grpc.insecure_channel(node.server.address) as bare:
+        code, details = _code(lambda: bare.unary_unary(SERVICE + method)(payload, timeout=10.0))
+    if node.has_tokens:
+        assert code is grpc.StatusCode.UNAUTHENTICATED
+    else:
+        _check_allowed(method, code, details)
+    _still_serving(node)
+
+
 @FUZZ_FEW
 @given(payload=raw_requests("DataPlaneInfo"))
 def test_raw_bytes_to_data_plane_info(node, caplog, payload):
@@ -383,7 +421,7 @@ chunk_specs = st.lists(
 )
 def test_arbitrary_write_stream_into_a_real_reservation(node, num_good, specs, rid_other, commit):
     """Chunks into a fresh reservation of two blocks, at right and wrong offsets, sizes and
-    indices, or naming another reservation (an unknown id, or another client's), after
+    indices, or naming another reservation (an unknown id, or another owner's), after
     `num_good` blocks sent right (in two halves). The stream applies chunks in order until
     the first bad one and leaves no block half written; a commit succeeds exactly when both
     blocks are whole, and then a Get returns exactly what the chunks wrote. The other
@@ -392,7 +430,7 @@ def test_arbitrary_write_stream_into_a_real_reservation(node, num_good, specs, r
     keys = node.fresh_keys(2)
     # Reserved on the fuzzing channel: a reservation is its owner's (one client) alone.
     rid = node.stub.Reserve(pb.ReserveRequest(namespace_id=NS.id, keys=keys)).reservation_id
-    foreign = node.client.reserve(NS.id, node.fresh_keys(1)).reservation_id
+    foreign = node.other.reserve(NS.id, node.fresh_keys(1)).reservation_id
     rid_other = foreign if rid_other == "foreign" else rid_other
     written = [bytearray(), bytearray()]
     chunks, expected = [], grpc.StatusCode.OK
@@ -432,7 +470,7 @@ def test_arbitrary_write_stream_into_a_real_reservation(node, num_good, specs, r
         request = request_cls(reservation_id=foreign)
         code, _ = _code(lambda c=call, r=request: c(r, timeout=10.0))
         assert code is grpc.StatusCode.NOT_FOUND, "another client's reservation"
-    node.client.abort(foreign)  # still open, and its owner's
+    node.other.abort(foreign)  # still open, and its owner's
     _still_serving(node)
 
 
