@@ -26,6 +26,8 @@ Every batch of sends or receives is posted in one pass and awaited together (`tr
 Requests are handled as concurrent tasks, so a small get never waits behind a large put. A
 frame that is malformed, too large for its buffer or reuses the id of a request in flight
 ends the connection: only a holder of the secret can send one, so its client is broken.
+Messages under tags no receive will match are dropped by the sweeper (`sweeper`), told
+from the ones a connection may still receive by `expected`.
 
 Tenants: a connection is bound at admission to the tenant its authenticated handshake
 named, and every frame acts through that tenant's scope (`kvstore.tenancy.TenantScope`):
