@@ -167,9 +167,11 @@ def open_get_stream(
     address: str, namespace_id: bytes, keys: list[bytes]
 ) -> tuple[Iterator[pb.GetResponse], GetAssembler]:
     """A gRPC Get stream read up to its header, and an assembler fed with it: the server
-    holds the lease, and once the stream is past gRPC's flow-control window (a few MiB),
-    waits for the reader. Feed the assembler the rest of the stream to read the blocks."""
-    options = [("grpc.max_receive_message_length", 64 << 20)]
+    holds the lease, and once the stream is past gRPC's flow-control window, waits for the
+    reader. The channel never grows its window (no BDP probe): grown, it can take a whole
+    stream, which then ends instead of stalling (seen once in CI, as a lease that never
+    expired). Feed the assembler the rest of the stream to read the blocks."""
+    options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.http2.bdp_probe", 0)]
     stub = pb_grpc.KVStoreStub(grpc.insecure_channel(address, options=options))
     stream = stub.Get(pb.GetRequest(namespace_id=namespace_id, keys=keys), timeout=120.0)
     assembler = GetAssembler()
