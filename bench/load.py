@@ -12,7 +12,8 @@ connections reach their level under this load. The row: ops/s and latency percen
 the timed loop; errors (exceptions, by class), corrupted and verified bytes of every op; the
 server's RSS and open fds at the start and the end of the timed loop, every client connected
 both times, so growth between them is what the load leaks. A second table gives the figures
-per op. Exit status 1 when any byte was corrupted.
+per op. `--metrics PATH` writes the server's Prometheus text, scraped once the clients
+stopped. Exit status 1 when any byte was corrupted.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import multiprocessing as mp
 import queue
 import tempfile
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -32,7 +34,7 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from bench.load_server import ServerProcess, serve
+from bench.load_server import ServerProcess, free_port, serve
 from bench.load_worker import Channels, LoadConfig, WorkerResult, run_worker
 from bench.options import extra_of
 from bench.report import Row, print_table
@@ -79,6 +81,13 @@ class LoadRun:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clients", type=int, metavar="N", help="client processes (32)")
     parser.add_argument("--seconds", type=float, metavar="T", help="timed loop length (60)")
+    parser.add_argument(
+        "--metrics",
+        type=Path,
+        metavar="PATH",
+        help="serve Prometheus metrics and write the server's /metrics, scraped after the "
+        "clients stopped, to PATH",
+    )
 
 
 def _config(options: SuiteOptions) -> LoadConfig:
@@ -89,11 +98,19 @@ def _config(options: SuiteOptions) -> LoadConfig:
     return replace(base, num_clients=clients, seconds=seconds)
 
 
-def _server_flags(config: LoadConfig) -> list[str]:
+def _server_flags(config: LoadConfig, metrics_port: int | None) -> list[str]:
+    metrics = ["--metrics-port", str(metrics_port)] if metrics_port else []
     return [
         "--dram-bytes", str(config.dram_bytes), "--slab-bytes", str(config.slab_bytes),
-        "--dataplane", "auto",
+        "--dataplane", "auto", *metrics,
     ]  # fmt: skip
+
+
+def _scrape(port: int, path: Path) -> None:
+    """Writes the server's Prometheus text to `path`."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as reply:
+        path.write_bytes(reply.read())
+    Console(stderr=True).print(f"server metrics after the run: {path}")
 
 
 # -- driving the workers -----------------------------------------------------------------
@@ -270,9 +287,13 @@ def _error_rows(run: LoadRun) -> list[Row]:
 def run(options: SuiteOptions) -> list[Row]:
     """Runs the load; prints the per-op and error tables; returns the one summary row."""
     config = _config(options)
+    metrics_path = extra_of(options).get("metrics")
+    metrics_port = free_port() if metrics_path else None
     with tempfile.TemporaryDirectory(prefix="kvstore-load-") as tmp:
-        with serve(_server_flags(config), Path(tmp)) as server:
+        with serve(_server_flags(config, metrics_port), Path(tmp)) as server:
             result = _drive(config, server)
+            if metrics_port:
+                _scrape(metrics_port, Path(str(metrics_path)))
         result = replace(result, server_exit_code=server.proc.returncode)
         if _errors(result):
             print_table(_error_rows(result), title="load errors (first message of each class)")

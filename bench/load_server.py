@@ -43,7 +43,7 @@ class ServerProcess:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-num_lines:])
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -56,7 +56,7 @@ def serve(flags: Sequence[str], log_dir: Path, timeout_s: float = 60.0) -> Itera
     Raises RuntimeError, with the log's tail, when the server does not answer within
     `timeout_s`.
     """
-    port = _free_port()
+    port = free_port()
     log_path = log_dir / f"kvstore-serve-{port}.log"
     cmd = [
         sys.executable, "-m", "kvstore.cli", "--log-level", "WARNING", "serve",

@@ -22,9 +22,9 @@ SMALL = LoadConfig(num_clients=1, seconds=1.0, dram_bytes=1 << 20, num_prompts=4
 
 
 def test_short_run_verifies_every_read_without_errors(tmp_path: Path) -> None:
-    out = tmp_path / "load.json"
+    out, scrape = tmp_path / "load.json", tmp_path / "metrics.txt"
     argv = ["load", "--quick", "--clients", "2", "--seconds", "3", "--json", str(out)]
-    assert main(argv) == 0
+    assert main([*argv, "--metrics", str(scrape)]) == 0
     [row] = json.loads(out.read_text())
     assert set(row) >= JSON_KEYS
     assert (row["clients"], row["errors"], row["corrupted"]) == (2, 0, 0), row["error_classes"]
@@ -34,6 +34,27 @@ def test_short_run_verifies_every_read_without_errors(tmp_path: Path) -> None:
     assert row["evictions"] > 0 and row["blocks_missed"] > 0 and row["blocks_present"] > 0
     assert row["rss_start_bytes"] >= load.QUICK.dram_bytes and row["fds_start"] > 0
     assert row["server_exit_code"] == 0
+    # The server's own counters, scraped after the run, agree with what the clients saw.
+    metrics = _samples(scrape.read_text())
+    assert metrics["kvstore_hit_blocks_total"] == row["blocks_found"]
+    assert metrics["kvstore_miss_blocks_total"] == row["blocks_missed"]
+    assert metrics["kvstore_committed_blocks_total"] == row["blocks_stored"]
+    assert metrics["kvstore_evictions_total"] == row["evictions"]
+    rejected_parent = 'kvstore_rejected_requests_total{error="UnknownParentError"'
+    assert metrics.get(rejected_parent, 0) == row["puts_refused_parent"]
+
+
+def _samples(text: str) -> dict[str, float]:
+    """Prometheus text summed by name, and by name with its first label."""
+    sums: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            series, value = line.rsplit(" ", 1)
+            name = series.split("{", 1)[0]
+            first_label = series.split(",", 1)[0]
+            for key in {name, first_label}:
+                sums[key] = sums.get(key, 0.0) + float(value)
+    return sums
 
 
 def test_suite_is_registered_with_its_flags() -> None:
