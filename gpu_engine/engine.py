@@ -127,6 +127,11 @@ class Engine:
         self.scheduler.add(req)
         return request_id
 
+    def abort(self, request_id: int) -> bool:
+        """Stops computing a request whose caller is gone; `Scheduler.abort` says when its
+        pages are released. It gets no more outputs. False if it is not unfinished here."""
+        return self.scheduler.abort(request_id)
+
     def step(self) -> list[RequestOutput]:
         """One forward pass; returns an output for every request that got a token, and for
         every request that finished without one (a prefill engine's, once published)."""

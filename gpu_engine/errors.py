@@ -27,6 +27,11 @@ class OutOfPagesError(EngineError):
     """The page pool has no free or evictable page left for an allocation; nothing changed."""
 
 
+class RequestAbortedError(EngineError):
+    """The request's caller went away (its stream was cancelled); the engine stopped
+    computing it and released its pages."""
+
+
 class PublishError(EngineError):
     """A prefill engine could not commit all full blocks of a finished request's prompt in
     the store within its bound; `num_published_tokens` leading tokens are committed (a

@@ -13,6 +13,8 @@ RUNNING            FINISHED            stop token or max_tokens; its pages relea
 RUNNING            PUBLISHING_KV       a prefill engine's request got its first token
 PUBLISHING_KV      FINISHED            its prompt blocks are committed (or the wait
                                        is over: `error` says so); pages released
+WAITING, RUNNING   FINISHED            aborted: its caller is gone; pages released
+LOADING_REMOTE_KV  FINISHED            aborted, once the load writing its pages is over
 =================  ==================  =============================================
 
 Token ranges (B = block_tokens):
@@ -63,7 +65,7 @@ class Request:
     first_token_s: float | None = None
     last_token_s: float | None = None
     last_logits: torch.Tensor | None = None  # (vocab,) of the last sampled token
-    finish_reason: str | None = None  # "stop", "length" or "prefill", once it computes no more
+    finish_reason: str | None = None  # "stop", "length", "prefill" or "abort": computes no more
     # Leading prompt tokens committed in the store: handed to a decode engine by the
     # conductor, or found by a prefill engine when the request finishes.
     num_published_tokens: int = 0

@@ -4,7 +4,9 @@ The engine is not thread-safe, so exactly one thread (the runner's) calls it: it
 submitted requests between steps, steps while anything is unfinished and hands each output
 to the stream of its request. Callers `submit` from any thread and read a `queue.Queue` of
 `RequestOutput` until an output is finished, or the exception ending the request: refused
-on submission, or a prefill engine's publish that fell short (`PublishError`).
+on submission, a prefill engine's publish that fell short (`PublishError`), or
+`RequestAbortedError` after the caller `cancel`led it (its caller is gone: the engine stops
+computing it between two steps).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import NamedTuple
 
 from gpu_engine.connector import StoreConnector
 from gpu_engine.engine import Engine
-from gpu_engine.errors import EngineError
+from gpu_engine.errors import EngineError, RequestAbortedError
 from gpu_engine.outputs import RequestOutput
 from gpu_engine.sampling import SamplingParams
 
@@ -51,6 +53,10 @@ class _Submission(NamedTuple):
     stream: OutputStream
 
 
+class _Cancel(NamedTuple):
+    stream: OutputStream
+
+
 class EngineRunner:
     """Runs `engine` on a background thread; see the module docstring.
 
@@ -62,7 +68,7 @@ class EngineRunner:
     def __init__(self, engine: Engine, connector: StoreConnector | None = None) -> None:
         self.engine = engine
         self.connector = connector
-        self._inbox: queue.SimpleQueue[_Submission | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[_Submission | _Cancel | None] = queue.SimpleQueue()
         self._num_inbox = 0  # submitted, not yet taken by the engine thread
         self._lock = threading.Lock()
         self._streams: dict[int, OutputStream] = {}
@@ -89,6 +95,11 @@ class EngineRunner:
         self._inbox.put(_Submission(list(prompt), params, num_published_tokens, stream))
         return stream
 
+    def cancel(self, stream: OutputStream) -> None:
+        """Aborts the request of `stream` (`Engine.abort`) between two steps; `stream` then
+        gets `RequestAbortedError`. A no-op once the request has finished or was refused."""
+        self._inbox.put(_Cancel(stream))
+
     def load(self) -> EngineLoad:
         engine = self.engine
         stats = self.connector.stats() if self.connector is not None else None
@@ -114,7 +125,9 @@ class EngineRunner:
             if not self._take_submissions(block=not self.engine.has_unfinished):
                 return
             for out in self.engine.step():
-                stream = self._streams[out.request_id]
+                stream = self._streams.get(out.request_id)
+                if stream is None:  # cancelled: its caller is gone
+                    continue
                 if out.finished:
                     del self._streams[out.request_id]
                 stream.put(out.error if out.finished and out.error is not None else out)
@@ -128,9 +141,12 @@ class EngineRunner:
                 return True
             if sub is None:
                 return False
+            block = False
+            if isinstance(sub, _Cancel):
+                self._cancel(sub.stream)
+                continue
             with self._lock:
                 self._num_inbox -= 1
-            block = False
             try:
                 request_id = self.engine.add_request(
                     sub.prompt, sub.params, sub.num_published_tokens
@@ -139,3 +155,12 @@ class EngineRunner:
                 sub.stream.put(exc)
                 continue
             self._streams[request_id] = sub.stream
+
+    def _cancel(self, stream: OutputStream) -> None:
+        # The stream's submission came through the inbox before this cancel did.
+        request_id = next((i for i, s in self._streams.items() if s is stream), None)
+        if request_id is None:  # finished, or refused on submission
+            return
+        del self._streams[request_id]
+        self.engine.abort(request_id)
+        stream.put(RequestAbortedError(f"request {request_id} was cancelled by its caller"))

@@ -17,6 +17,9 @@ engine finishes a request at its first token). A prefill engine's finished reque
 holds its pages in PUBLISHING_KV until its prompt blocks are committed in the store;
 `schedule` collects those publishes too, and hands the requests they finish back in its
 batch (`ScheduledBatch.finished`), since they get no token in that step.
+
+`abort` ends a request whose caller is gone, at the first point where nothing else writes
+into its pages.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ class Scheduler:
         self._block_tokens = config.block_tokens
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
+        self._unfinished: dict[int, Request] = {}  # by id, from `add` until FINISHED
 
     @property
     def has_unfinished(self) -> bool:
@@ -88,6 +92,25 @@ class Scheduler:
         """Queues a WAITING request behind the others."""
         assert req.status is RequestStatus.WAITING, f"request {req.request_id} is {req.status}"
         self._waiting.append(req)
+        self._unfinished[req.request_id] = req
+
+    def abort(self, request_id: int) -> bool:
+        """Stops computing a request whose caller is gone (finish reason "abort"). A WAITING
+        or RUNNING one is FINISHED at once, its pages released; a LOADING_REMOTE_KV one when
+        its load is over (the load writes into its pages until then); a PUBLISHING_KV one
+        finishes as it would. False if no unfinished request has that id."""
+        req = self._unfinished.get(request_id)
+        if req is None or req.finish_reason is not None:
+            return req is not None
+        req.finish_reason = "abort"
+        if req.status is RequestStatus.WAITING:
+            self._waiting.remove(req)
+            self._release(req)
+        elif req.status is RequestStatus.RUNNING:
+            self._running.remove(req)
+            self._release(req)
+        logger.info("event=abort request_id=%d status=%s", request_id, req.status.name)
+        return True
 
     def schedule(self) -> ScheduledBatch:
         """This step's batch: finished loads join the running requests, which go first, then
@@ -174,6 +197,9 @@ class Scheduler:
         req.num_computed = (load.first_block + num_loaded) * self._block_tokens
         if req.store_cached_tokens is None:
             req.store_cached_tokens = num_loaded * self._block_tokens
+        if req.finish_reason == "abort":  # its caller left while the load was in flight
+            self._release(req)
+            return
         req.status = RequestStatus.RUNNING
         self._running.append(req)
 
@@ -235,3 +261,4 @@ class Scheduler:
     def _release(self, req: Request) -> None:
         self.block_manager.free(req)
         req.status = RequestStatus.FINISHED
+        del self._unfinished[req.request_id]

@@ -1,8 +1,9 @@
 """The engine process: `EngineService` over gRPC (Generate, Load) in front of an `EngineRunner`.
 
 A thread-pool gRPC server: each Generate call submits its request to the runner and streams
-the tokens from the request's output stream as the engine thread samples them. Protobuf
-types stop here and in `gpu_engine.engine_client`.
+the tokens from the request's output stream as the engine thread samples them. A caller
+that cancels its stream, or goes away, aborts the request: the engine stops computing it
+and frees its pages. Protobuf types stop here and in `gpu_engine.engine_client`.
 
 Disaggregated, a conductor sends a request to a `--role prefill` engine, whose stream
 carries the first token and ends (finish reason "prefill") with `num_published_tokens`
@@ -32,6 +33,7 @@ from gpu_engine.errors import (
     InvalidRequestError,
     OutOfPagesError,
     PublishError,
+    RequestAbortedError,
 )
 from gpu_engine.outputs import RequestOutput
 from gpu_engine.runner import EngineRunner
@@ -129,9 +131,15 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
             _abort(context, InvalidRequestError(str(exc)))
         prompt, num_published = list(request.prompt_token_ids), request.num_published_tokens
         stream = self.runner.submit(prompt, params, num_published)
+        # Called when the RPC ends, however: a caller who cancels or goes away frees the
+        # engine of the request (a no-op if it finished first).
+        if not context.add_callback(lambda: self.runner.cancel(stream)):
+            self.runner.cancel(stream)
         num_sent = 0
         while True:
             out = stream.get()
+            if isinstance(out, RequestAbortedError):
+                return  # the RPC is over
             if isinstance(out, EngineError):
                 _abort(context, out)
             assert isinstance(out, RequestOutput), f"unexpected stream item {out!r}"

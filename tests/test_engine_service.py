@@ -5,6 +5,7 @@ engine's state, bad requests get INVALID_ARGUMENT without hurting the server, an
 
 from __future__ import annotations
 
+import logging
 import signal
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 import torch
@@ -22,6 +24,8 @@ from gpu_engine.engine import Engine
 from gpu_engine.engine_client import EngineClient
 from gpu_engine.sampling import SamplingParams
 from gpu_engine.service import EngineServer, EngineServiceConfig
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.errors import InvalidArgumentError
 from tests.conftest import free_port, wait_until
 
@@ -104,6 +108,28 @@ def test_in_process_server_streams_concurrent_requests_and_rejects_bad_input():
         load = client.load()
         assert not load.store_connected and load.role == "both"
         assert load.num_free_pages == load.num_pages == config.num_pages
+
+
+def test_a_cancelled_stream_stops_the_request_and_frees_its_pages(caplog):
+    caplog.set_level(logging.INFO, logger="gpu_engine.scheduler")
+    config = EngineConfig(block_tokens=BLOCK, page_tokens=BLOCK)
+    with (
+        EngineServer(config, StoreConnectorConfig(), EngineServiceConfig(port=0)) as server,
+        EngineClient(server.address) as client,
+        grpc.insecure_channel(server.address) as channel,
+    ):
+        request = pb.GenerateRequest(prompt_token_ids=_prompt(0, 40), max_tokens=2000)
+        call = pb_grpc.EngineServiceStub(channel).Generate(request)
+        assert next(call).token_ids  # decoding: 2,000 tokens to go
+        assert client.load().num_running == 1
+        call.cancel()
+        wait_until(lambda: "event=abort" in caplog.text, 30, "the engine aborts the request")
+        load = client.load()
+        assert (load.num_running, load.num_waiting) == (0, 0)
+        assert load.num_free_pages == load.num_pages  # its full blocks stay cached, evictable
+        # The server goes on: the same prompt again gives what an engine of its own gives.
+        [ref] = Engine(config).generate([_prompt(0, 40)], GREEDY)
+        assert client.generate(_prompt(0, 40), GREEDY).output_token_ids == ref.output_token_ids
 
 
 def test_prefill_and_decode_engine_processes_hand_a_request_over(store, engine_factory):

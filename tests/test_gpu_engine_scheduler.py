@@ -258,3 +258,41 @@ def test_each_role_has_its_policy_and_an_unknown_role_names_the_valid_ones() -> 
     assert [_make(role=r.value).role for r in EngineRole] == list(EngineRole)
     with pytest.raises(InvalidArgumentError, match=r"\['both', 'prefill', 'decode'\]"):
         EngineConfig(role="nonsense")
+
+
+def test_an_aborted_request_releases_its_pages_and_the_others_go_on() -> None:
+    scheduler = _make(max_num_seqs=2)
+    running, other = _add(scheduler, 0, 10, max_tokens=8), _add(scheduler, 1, 6, max_tokens=3)
+    waiting = _add(scheduler, 2, 6, max_tokens=2)
+    _step(scheduler)
+    assert running.status is RequestStatus.RUNNING and running.pages
+    assert waiting.status is RequestStatus.WAITING
+    assert scheduler.abort(running.request_id) and scheduler.abort(waiting.request_id)
+    for req in (running, waiting):
+        assert req.status is RequestStatus.FINISHED and req.finish_reason == "abort"
+        assert req.pages == []
+    assert _step(scheduler) == [(1, 1, True)]  # neither is scheduled again
+    assert not scheduler.abort(running.request_id)  # finished: nothing to abort
+    assert not scheduler.abort(99)
+    while scheduler.has_unfinished:
+        _step(scheduler)
+    assert other.finish_reason == "length" and other.token_ids[6:] == [TOKEN] * 3
+    _assert_idle(scheduler)
+
+
+def test_a_request_aborted_while_loading_keeps_its_pages_until_the_load_is_over() -> None:
+    connector = HeldConnector(num_loaded=2)
+    scheduler = _make(connector, async_load=True)
+    hit = _add(scheduler, 0, 4 * BLOCK + 3)
+    assert _step(scheduler) == []
+    assert hit.status is RequestStatus.LOADING_REMOTE_KV
+    assert scheduler.abort(hit.request_id)
+    # The load still writes into its pages: they stay its own until the load is over.
+    assert hit.status is RequestStatus.LOADING_REMOTE_KV and hit.pages
+    assert scheduler.num_running == 1 and scheduler.has_unfinished
+    connector.gate.set()
+    scheduler.transfer.wait_for_transfer()
+    assert _step(scheduler) == []  # collected, and not run
+    assert hit.status is RequestStatus.FINISHED and hit.finish_reason == "abort"
+    assert scheduler.block_manager.pool.num_cached_blocks == 2  # what arrived is kept
+    _assert_idle(scheduler)
