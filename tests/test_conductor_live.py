@@ -6,7 +6,7 @@ Greedy outputs through the conductor (prefill on one engine, decode on another, 
 "both" engine) are the token ids a single engine gives; a stream sends each token once; a
 repeated prompt reports cached tokens; a request over its TBT SLO is refused at once with
 429 and Retry-After, one over its TTFT SLO with RESOURCE_EXHAUSTED; /metrics counts both;
-/health answers. The conductor decides on a fixed test profile, so its predictions, and
+/health answers; a client that leaves mid-stream frees the engine. The conductor decides on a fixed test profile, so its predictions, and
 with them its decisions, do not depend on this machine's speed.
 """
 
@@ -67,6 +67,7 @@ class Cluster:
     split_grpc: str
     both_http: str  # of the conductor over one "both" engine
     both_engine: str  # that engine, for reference outputs
+    both_engine_log: Path
     front_http: str  # of a conductor whose engine is the "both" conductor's HTTP API
 
 
@@ -110,6 +111,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                                ("d0", "decode", store.address), ("b0", "both", "")]:  # fmt: skip
             proc, engines[name] = _engine(tmp, name, role, to)
             procs.append(proc)
+        both_log = procs[-1].log_path
         split = [engines["p0"], engines["p1"], engines["d0"]]
         split_c = _conductor(tmp, "split", split, store.address, "cache-aware-predictive")
         both_c = _conductor(tmp, "both", [engines["b0"]], "", "round-robin")
@@ -121,7 +123,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         f_http, _ = wait_until(lambda: _ports(front_c), 90.0, "the front conductor serves")
         yield Cluster(
             f"http://127.0.0.1:{s_http}", f"127.0.0.1:{s_grpc}", backend, engines["b0"],
-            f"http://127.0.0.1:{f_http}",
+            both_log, f"http://127.0.0.1:{f_http}",
         )  # fmt: skip
     finally:
         for p in procs:  # all at once: each drains on its own
@@ -238,6 +240,19 @@ def test_one_both_engine_serves_a_whole_request(cluster):
     )
     ids = [t for c in stream for t in c.model_extra["kvstore"]["token_ids"]]
     assert ids == _reference(cluster, prompt, 7)
+
+
+def test_a_client_that_leaves_mid_stream_frees_the_engine(cluster):
+    stream = _client(cluster.both_http).completions.create(
+        model="tiny", prompt=_prompt(9, BLOCK + 3), max_tokens=3000, temperature=0, stream=True
+    )
+    assert next(iter(stream)).model_extra["kvstore"]["token_ids"]
+    stream.close()  # the client goes away after its first token
+    what = "the engine aborts the request"
+    wait_until(lambda: "event=abort" in cluster.both_engine_log.read_text(), 30.0, what)
+    with EngineClient(cluster.both_engine, timeout_s=60.0) as engine:
+        load = engine.load()
+    assert (load.num_running, load.num_free_pages) == (0, load.num_pages)
 
 
 def test_a_conductor_fronts_an_openai_compatible_server(cluster):
