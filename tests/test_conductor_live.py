@@ -1,13 +1,14 @@
 """`kvstore conductor` end to end: a real store, two prefill engines and a decode engine (tiny
-preset), a "both" engine, and two conductor processes, driven by the official `openai` client
-and over gRPC.
+preset), a "both" engine, and two conductor processes, driven by the official `openai`
+client and over gRPC.
 
 Greedy outputs through the conductor (prefill on one engine, decode on another, or one
 "both" engine) are the token ids a single engine gives; a stream sends each token once; a
 repeated prompt reports cached tokens; a request over its TBT SLO is refused at once with
 429 and Retry-After, one over its TTFT SLO with RESOURCE_EXHAUSTED; /metrics counts both;
-/health answers; a client that leaves mid-stream frees the engine. The conductor decides on a fixed test profile, so its predictions, and
-with them its decisions, do not depend on this machine's speed.
+/health answers; a client that leaves mid-stream frees the engine. The conductor decides on
+a fixed test profile, so its predictions, and with them its decisions, do not depend on this
+machine's speed.
 """
 
 from __future__ import annotations
