@@ -43,6 +43,7 @@ from kvstore.client_common import (
 from kvstore.dataplane import TRANSPORTS, DataPlaneClient, is_available
 from kvstore.dataplane.base import Admission
 from kvstore.dataplane.buffers import as_transfer_buffer
+from kvstore.dataplane.retry import REFUSALS, HandshakeRetry
 from kvstore.dataplane.runtime import client_net_devices
 from kvstore.keys import Namespace
 from kvstore.results import (
@@ -69,6 +70,7 @@ class AsyncClient:
         tls_ca: str = "",
         tls_cert: str = "",
         tls_key: str = "",
+        dataplane_retry: HandshakeRetry | None = None,
     ) -> None:
         if transport not in TRANSPORT_CHOICES:
             raise errors.InvalidArgumentError(f"transport must be one of {TRANSPORT_CHOICES}")
@@ -77,6 +79,7 @@ class AsyncClient:
         self.chunk_bytes = chunk_bytes
         self.transport = transport
         self._dataplane: DataPlaneClient | None = None
+        self.dataplane_retry = dataplane_retry or HandshakeRetry()
         self._dataplane_lock = asyncio.Lock()
         options = [
             ("grpc.max_receive_message_length", max_message_bytes),
@@ -115,13 +118,16 @@ class AsyncClient:
     async def data_plane(self) -> DataPlaneClient | None:
         """The UCX connection `get_into`/`put` use, made on first use; None means gRPC.
 
-        With transport "ucx" raises UnavailableError where "auto" falls back to gRPC.
+        With transport "ucx" raises UnavailableError where "auto" falls back to gRPC, and
+        tries again when `dataplane_retry` says (`kvstore.dataplane.retry`).
         """
         if self.transport == "grpc":
             return None
         async with self._dataplane_lock:
             if self._dataplane is not None and self._dataplane.is_open:
                 return self._dataplane
+            if self.transport == "auto" and not self.dataplane_retry.is_due:
+                return None  # refused a moment ago: gRPC until the retry is due
             loop = asyncio.get_running_loop()
 
             def handshake(client_address: bytes) -> tuple[bytes, Admission]:
@@ -136,11 +142,13 @@ class AsyncClient:
                 self._dataplane = await asyncio.to_thread(
                     client, handshake, self.timeout_s, net_devices=client_net_devices(self.address)
                 )
-            except errors.UnavailableError:
+            except REFUSALS as exc:
                 if self.transport == "ucx":
                     raise
-                self.transport = "grpc"  # remember: this peer has no data plane
+                if not self.dataplane_retry.refused(self.address, exc):
+                    self.transport = "grpc"  # no ucxx in this process: for good
                 return None
+            self.dataplane_retry.succeeded()
             return self._dataplane
 
     async def get_into(

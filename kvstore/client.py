@@ -44,6 +44,7 @@ from kvstore.client_common import (
 from kvstore.dataplane import TRANSPORTS, DataPlaneClient, is_available
 from kvstore.dataplane.base import Admission
 from kvstore.dataplane.buffers import as_transfer_buffer
+from kvstore.dataplane.retry import REFUSALS, HandshakeRetry
 from kvstore.dataplane.runtime import client_net_devices
 from kvstore.keys import Namespace
 from kvstore.results import (
@@ -73,6 +74,8 @@ class Client:
         tls_ca: PEM file of the CA the node's certificate chains to: connect over TLS.
         tls_cert, tls_key: PEM client certificate and key, for a node that asks for one
             (mutual TLS).
+        dataplane_retry: when "auto" asks for the data plane again after a node refused
+            it (`kvstore.dataplane.retry`; default: after 1 s, doubling up to 60 s).
     """
 
     def __init__(
@@ -86,6 +89,7 @@ class Client:
         tls_ca: str = "",
         tls_cert: str = "",
         tls_key: str = "",
+        dataplane_retry: HandshakeRetry | None = None,
     ) -> None:
         if transport not in TRANSPORT_CHOICES:
             raise errors.InvalidArgumentError(f"transport must be one of {TRANSPORT_CHOICES}")
@@ -94,6 +98,7 @@ class Client:
         self.chunk_bytes = chunk_bytes
         self.transport = transport
         self._dataplane: DataPlaneClient | None = None
+        self.dataplane_retry = dataplane_retry or HandshakeRetry()
         self._dataplane_lock = threading.Lock()
         options = [
             ("grpc.max_receive_message_length", max_message_bytes),
@@ -132,24 +137,29 @@ class Client:
     def data_plane(self) -> DataPlaneClient | None:
         """The UCX connection `get_into`/`put` use, made on first use; None means gRPC.
 
-        With transport "ucx" raises UnavailableError where "auto" falls back to gRPC.
+        With transport "ucx" raises UnavailableError where "auto" falls back to gRPC, and
+        tries again when `dataplane_retry` says (`kvstore.dataplane.retry`).
         """
         if self.transport == "grpc":
             return None
         with self._dataplane_lock:
             if self._dataplane is not None and self._dataplane.is_open:
                 return self._dataplane
+            if self.transport == "auto" and not self.dataplane_retry.is_due:
+                return None  # refused a moment ago: gRPC until the retry is due
             try:
                 if not is_available():
                     raise errors.UnavailableError("ucxx is not installed here")
                 self._dataplane = TRANSPORTS["ucx"].client(
                     self._handshake, self.timeout_s, net_devices=client_net_devices(self.address)
                 )
-            except errors.UnavailableError:
+            except REFUSALS as exc:
                 if self.transport == "ucx":
                     raise
-                self.transport = "grpc"  # remember: this peer has no data plane
+                if not self.dataplane_retry.refused(self.address, exc):
+                    self.transport = "grpc"  # no ucxx in this process: for good
                 return None
+            self.dataplane_retry.succeeded()
             return self._dataplane
 
     def get_into(
