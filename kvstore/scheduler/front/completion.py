@@ -3,11 +3,19 @@ and the refusal a rejected request raises. Neither HTTP nor protobuf types pass 
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
-from kvstore.errors import ResourceExhaustedError
+from kvstore.errors import InvalidArgumentError, ResourceExhaustedError
 from kvstore.scheduler.decision import Reject
 from kvstore.scheduler.slo import SLO
+
+UINT32_END = 2**32  # token ids and max_tokens travel to engines as uint32, the seed as uint64
+UINT64_END = 2**64
+# Engines sample softmax(logits / temperature) in float32: a temperature that is not finite,
+# or under this floor (vLLM's) but not 0 (greedy), makes the probabilities NaN, and the
+# engine's step fails for every request in its batch.
+MIN_TEMPERATURE = 0.01
 
 
 class CompletionRequest(NamedTuple):
@@ -27,6 +35,23 @@ class CompletionRequest(NamedTuple):
     temperature: float
     seed: int | None
     slo: SLO
+
+
+def check(request: CompletionRequest) -> CompletionRequest:
+    """`request`, when the engines can run it as asked; else InvalidArgumentError naming the
+    field (the front ends' checks of their own fields come first)."""
+    r = request
+    if not all(0 <= t < UINT32_END for t in r.prompt_token_ids):
+        raise InvalidArgumentError(f"prompt: token ids must be in [0, {UINT32_END})")
+    if not 1 <= r.max_tokens < UINT32_END:
+        raise InvalidArgumentError(f"max_tokens must be in [1, {UINT32_END}): {r.max_tokens}")
+    if r.seed is not None and not 0 <= r.seed < UINT64_END:
+        raise InvalidArgumentError(f"seed must be in [0, {UINT64_END}): {r.seed}")
+    if r.temperature != 0 and not MIN_TEMPERATURE <= r.temperature < math.inf:
+        raise InvalidArgumentError(
+            f"temperature must be 0 or finite and >= {MIN_TEMPERATURE}: {r.temperature}"
+        )
+    return request
 
 
 class CompletionChunk(NamedTuple):

@@ -17,7 +17,7 @@ import grpc
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.errors import ERROR_METADATA_KEY, InvalidArgumentError, KVStoreError
 from kvstore.grpc_service import abort
-from kvstore.scheduler.front.completion import CompletionRequest, RejectedError
+from kvstore.scheduler.front.completion import CompletionRequest, RejectedError, check
 from kvstore.scheduler.front.conductor import Conductor, Ticket
 from kvstore.scheduler.front.http_api import DEFAULT_MAX_TOKENS
 from kvstore.scheduler.front.tokenizer import ByteTokenizer, Detokenizer
@@ -68,7 +68,8 @@ class ConductorServicer:
         if r.temperature < 0:
             raise InvalidArgumentError(f"temperature must be >= 0: {r.temperature}")
         max_tokens = r.max_tokens or DEFAULT_MAX_TOKENS
-        return CompletionRequest(tuple(ids), max_tokens, r.temperature, seed, SLO(ttft_s, tbt_s))
+        slo = SLO(ttft_s, tbt_s)
+        return check(CompletionRequest(tuple(ids), max_tokens, r.temperature, seed, slo))
 
     def _message(self, t: Ticket, ids: list[int], text: str) -> pb.CompleteResponse:
         p, d = self.conductor.roles.prefill, self.conductor.roles.decode

@@ -2,17 +2,17 @@
 ``GET /health``, ``GET /metrics``.
 
 ``/v1/completions`` takes ``prompt`` (text, token ids, or a list of one of either),
-``max_tokens`` (default 16), ``temperature`` (default 1, 0 is greedy), ``seed`` and
-``stream``; ``n`` must be 1 and other fields are ignored. Headers ``x-slo-ttft-ms`` and
-``x-slo-tbt-ms`` set the request's SLO (defaults: the conductor's flags). The answer has
-OpenAI's completion shape, with ``usage.prompt_tokens_details.cached_tokens`` (prompt
-tokens the prefill loaded or reused, not computed) and one extension, ``kvstore``:
-``token_ids`` (the output ids; in a stream, the chunk's), and on the last message
-``prefill_engine``, ``decode_engine``, ``ttft_s`` (measured at the conductor),
-``predicted_ttft_s`` and ``tbt_s``. With ``return_token_ids`` (vLLM's extension) the
-ids are also in ``choices[0].token_ids``, so the conductor can front another. A stream is
-``text/event-stream``: one ``data: {chunk}`` per output piece, usage on the last, then
-``data: [DONE]``.
+``max_tokens`` (default 16), ``temperature`` (default 1, 0 is greedy, else at least 0.01),
+``seed`` and ``stream``; ``n`` must be 1 and other fields are ignored. Headers
+``x-slo-ttft-ms`` and ``x-slo-tbt-ms`` set the request's SLO (defaults: the conductor's
+flags). The answer has OpenAI's completion shape, with
+``usage.prompt_tokens_details.cached_tokens`` (prompt tokens the prefill loaded or reused,
+not computed) and one extension, ``kvstore``: ``token_ids`` (the output ids; in a stream,
+the chunk's), and on the last message ``prefill_engine``, ``decode_engine``, ``ttft_s``
+(measured at the conductor), ``predicted_ttft_s`` and ``tbt_s``. With ``return_token_ids``
+(vLLM's extension) the ids are also in ``choices[0].token_ids``, so the conductor can
+front another. A stream is ``text/event-stream``: one ``data: {chunk}`` per output piece,
+usage on the last, then ``data: [DONE]``.
 
 A request the policy refuses gets 429 at once: ``error.reason``, ``error.predicted``,
 ``error.limit`` and ``error.retry_after_s`` in the body, ``Retry-After`` (whole seconds,
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -39,7 +40,7 @@ from kvstore.errors import (
     UnauthenticatedError,
     UnavailableError,
 )
-from kvstore.scheduler.front.completion import CompletionRequest, RejectedError
+from kvstore.scheduler.front.completion import CompletionRequest, RejectedError, check
 from kvstore.scheduler.front.conductor import Conductor, Ticket
 from kvstore.scheduler.front.metrics import ConductorMetrics
 from kvstore.scheduler.front.tokenizer import ByteTokenizer, Detokenizer
@@ -100,7 +101,7 @@ class HttpApi:
         except UnauthenticatedError as exc:
             return _error(401, str(exc), "authentication_error")
         try:
-            body = await http.json()
+            body = await _json_body(http)
             request = parse_request(body, http.headers, self.slo, self.tokenizer)
         except (ValueError, InvalidArgumentError) as exc:
             return _error(400, str(exc), "invalid_request_error")
@@ -186,13 +187,29 @@ def parse_request(
     max_tokens = body.get("max_tokens", DEFAULT_MAX_TOKENS)
     temperature = body.get("temperature", 1.0)
     seed = body.get("seed")
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+    if not _is_int(max_tokens) or max_tokens < 1:
         raise InvalidArgumentError(f"max_tokens must be an integer >= 1: {max_tokens!r}")
-    if not isinstance(temperature, int | float) or temperature < 0:
+    # JSON has NaN, Infinity and integers too big for a float: only finite numbers pass.
+    if not isinstance(temperature, int | float) or not 0 <= temperature <= sys.float_info.max:
         raise InvalidArgumentError(f"temperature must be a number >= 0: {temperature!r}")
-    if seed is not None and (not isinstance(seed, int) or seed < 0):
+    if seed is not None and (not _is_int(seed) or seed < 0):
         raise InvalidArgumentError(f"seed must be an integer >= 0: {seed!r}")
-    return CompletionRequest(prompt, max_tokens, float(temperature), seed, _slo(headers, slo))
+    return check(
+        CompletionRequest(prompt, max_tokens, float(temperature), seed, _slo(headers, slo))
+    )
+
+
+async def _json_body(http: web.Request) -> Any:
+    """The body's JSON value; InvalidArgumentError for bytes that are none (an unknown
+    charset, and nesting deeper than the decoder recurses, included)."""
+    try:
+        return await http.json()
+    except (ValueError, LookupError, RecursionError) as exc:
+        raise InvalidArgumentError(f"the body is not JSON: {exc}") from None
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _prompt_ids(prompt: object, tokenizer: ByteTokenizer) -> tuple[int, ...]:
@@ -200,9 +217,7 @@ def _prompt_ids(prompt: object, tokenizer: ByteTokenizer) -> tuple[int, ...]:
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
         ids = tokenizer.encode(prompt)
-    elif isinstance(prompt, list) and all(
-        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt
-    ):
+    elif isinstance(prompt, list) and all(_is_int(t) and t >= 0 for t in prompt):
         ids = list(prompt)
     else:
         raise InvalidArgumentError("prompt: text, token ids, or a list of one of either")
