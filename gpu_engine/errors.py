@@ -27,6 +27,11 @@ class OutOfPagesError(EngineError):
     """The page pool has no free or evictable page left for an allocation; nothing changed."""
 
 
+class EngineFailedError(EngineError):
+    """A step of the engine raised (a bug, or a device error): the engine stopped, every
+    unfinished request ended with this error, and new ones are refused."""
+
+
 class RequestAbortedError(EngineError):
     """The request's caller went away (its stream was cancelled); the engine stopped
     computing it and released its pages."""

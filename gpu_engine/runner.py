@@ -6,7 +6,8 @@ to the stream of its request. Callers `submit` from any thread and read a `queue
 `RequestOutput` until an output is finished, or the exception ending the request: refused
 on submission, a prefill engine's publish that fell short (`PublishError`), or
 `RequestAbortedError` after the caller `cancel`led it (its caller is gone: the engine stops
-computing it between two steps).
+computing it between two steps). A step that raises stops the engine: every stream gets
+`EngineFailedError`, and so does every later submission, instead of waiting forever.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import NamedTuple
 
 from gpu_engine.connector import StoreConnector
 from gpu_engine.engine import Engine
-from gpu_engine.errors import EngineError, RequestAbortedError
+from gpu_engine.errors import EngineError, EngineFailedError, RequestAbortedError
 from gpu_engine.outputs import RequestOutput
 from gpu_engine.sampling import SamplingParams
 
@@ -72,6 +73,7 @@ class EngineRunner:
         self._num_inbox = 0  # submitted, not yet taken by the engine thread
         self._lock = threading.Lock()
         self._streams: dict[int, OutputStream] = {}
+        self._failure: EngineFailedError | None = None  # set when a step raised
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
 
     def start(self) -> EngineRunner:
@@ -91,6 +93,9 @@ class EngineRunner:
         or the error ending it, arrive on the stream."""
         stream: OutputStream = queue.Queue()
         with self._lock:
+            if self._failure is not None:
+                stream.put(self._failure)
+                return stream
             self._num_inbox += 1
         self._inbox.put(_Submission(list(prompt), params, num_published_tokens, stream))
         return stream
@@ -121,6 +126,27 @@ class EngineRunner:
         )
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception as exc:
+            logger.exception("event=engine_failed error=%r", exc)
+            self._fail_everything(EngineFailedError(f"the engine stopped: {exc!r}"))
+
+    def _fail_everything(self, failure: EngineFailedError) -> None:
+        with self._lock:  # from here on, submit answers with the failure itself
+            self._failure = failure
+        for stream in self._streams.values():
+            stream.put(failure)
+        self._streams.clear()
+        while True:  # what was submitted before, and not taken yet
+            try:
+                sub = self._inbox.get(block=False)
+            except queue.Empty:
+                return
+            if isinstance(sub, _Submission):
+                sub.stream.put(failure)
+
+    def _loop(self) -> None:
         while True:
             if not self._take_submissions(block=not self.engine.has_unfinished):
                 return

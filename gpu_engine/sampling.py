@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 from gpu_engine.errors import InvalidRequestError
+
+# softmax(logits / temperature) in float32: a temperature that is not finite, or under this
+# floor (vLLM's) but not 0 (greedy), makes the probabilities NaN, and the step fails.
+MIN_TEMPERATURE = 0.01
 
 
 @dataclass(frozen=True)
@@ -15,7 +20,8 @@ class SamplingParams:
 
     Args:
         max_tokens: tokens to generate, at most.
-        temperature: 0 for greedy (argmax); otherwise softmax(logits / temperature).
+        temperature: 0 for greedy (argmax); otherwise softmax(logits / temperature), finite
+            and at least `MIN_TEMPERATURE`.
         seed: seed of this request's generator; None derives one from the engine seed and the
             request id, so runs are reproducible either way.
         stop_token_ids: generation stops after emitting any of these.
@@ -29,8 +35,11 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
             raise InvalidRequestError(f"max_tokens must be a positive int, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature}")
+        t = self.temperature
+        if t != 0 and not MIN_TEMPERATURE <= t < math.inf:  # NaN fails both
+            raise InvalidRequestError(
+                f"temperature must be 0 (greedy) or finite and >= {MIN_TEMPERATURE}, got {t}"
+            )
 
     @property
     def is_greedy(self) -> bool:

@@ -30,6 +30,7 @@ from gpu_engine.engine import Engine
 from gpu_engine.errors import (
     BlockSizeError,
     EngineError,
+    EngineFailedError,
     InvalidRequestError,
     OutOfPagesError,
     PublishError,
@@ -79,6 +80,7 @@ _WIRE_ERRORS: MappingProxyType[type[EngineError], type[errors.KVStoreError]] = M
         BlockSizeError: errors.InvalidArgumentError,
         OutOfPagesError: errors.ResourceExhaustedError,
         PublishError: errors.UnavailableError,  # the store did not take the blocks in time
+        EngineFailedError: errors.UnavailableError,
     }
 )
 

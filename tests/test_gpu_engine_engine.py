@@ -14,8 +14,9 @@ import torch
 from gpu_engine.config import EngineConfig
 from gpu_engine.connector_base import KVConnector
 from gpu_engine.engine import Engine, RequestOutput
-from gpu_engine.errors import InvalidRequestError
-from gpu_engine.sampling import SamplingParams
+from gpu_engine.errors import EngineFailedError, InvalidRequestError
+from gpu_engine.runner import EngineRunner
+from gpu_engine.sampling import MIN_TEMPERATURE, SamplingParams
 from tests.gpu_engine_connectors import DictConnector, FlakyConnector, GatedConnector
 
 BLOCK = 8
@@ -336,3 +337,35 @@ def test_cuda_matches_cpu_and_reuses_kv() -> None:
     _assert_same(warm, cold)
     _assert_same(loaded, cold)
     assert warm.usage.local_cached_tokens == loaded.usage.store_cached_tokens == 5 * BLOCK
+
+
+@pytest.mark.parametrize("temperature", [float("nan"), float("inf"), 1e-44, 0.005, -1.0])
+def test_a_temperature_sampling_cannot_survive_is_refused(temperature: float) -> None:
+    with pytest.raises(InvalidRequestError, match="temperature"):
+        SamplingParams(temperature=temperature)
+
+
+def test_the_smallest_temperature_samples_real_tokens() -> None:
+    params = SamplingParams(max_tokens=4, temperature=MIN_TEMPERATURE, seed=3)
+    [out] = _make_engine().generate([_prompt(4, 12)], params)
+    assert len(out.output_token_ids) == 4 and all(t >= 0 for t in out.output_token_ids)
+
+
+def test_a_step_that_raises_ends_every_request_and_refuses_new_ones() -> None:
+    engine = _make_engine(num_pages=1024)
+    runner = EngineRunner(engine).start()
+    try:  # 2,000 tokens: still decoding when the fault comes, however slow this machine
+        running = runner.submit(_prompt(5, 12), SamplingParams(max_tokens=2000))
+        assert isinstance(running.get(timeout=30), RequestOutput)
+
+        def lost(*args: object) -> torch.Tensor:
+            raise RuntimeError("device lost")  # a fault in the forward pass
+
+        engine.model = lost  # type: ignore[assignment]
+        while isinstance(out := running.get(timeout=30), RequestOutput):
+            assert not out.finished
+        assert isinstance(out, EngineFailedError) and "device lost" in str(out)
+        later = runner.submit(_prompt(6, 12), GREEDY)
+        assert isinstance(later.get(timeout=30), EngineFailedError)
+    finally:
+        runner.stop()
