@@ -92,12 +92,12 @@ class EngineRunner:
         """Queues a request (`Engine.add_request` says what the arguments mean); its outputs,
         or the error ending it, arrive on the stream."""
         stream: OutputStream = queue.Queue()
-        with self._lock:
+        with self._lock:  # held while queueing: a failure drains what was queued before it
             if self._failure is not None:
                 stream.put(self._failure)
                 return stream
             self._num_inbox += 1
-        self._inbox.put(_Submission(list(prompt), params, num_published_tokens, stream))
+            self._inbox.put(_Submission(list(prompt), params, num_published_tokens, stream))
         return stream
 
     def cancel(self, stream: OutputStream) -> None:

@@ -103,13 +103,13 @@ class Scheduler:
         if req is None or req.finish_reason is not None:
             return req is not None
         req.finish_reason = "abort"
+        logger.info("event=abort request_id=%d status=%s", request_id, req.status.name)
         if req.status is RequestStatus.WAITING:
             self._waiting.remove(req)
             self._release(req)
         elif req.status is RequestStatus.RUNNING:
             self._running.remove(req)
             self._release(req)
-        logger.info("event=abort request_id=%d status=%s", request_id, req.status.name)
         return True
 
     def schedule(self) -> ScheduledBatch:
