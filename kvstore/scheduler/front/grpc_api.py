@@ -65,8 +65,6 @@ class ConductorServicer:
         ttft_s = r.ttft_slo_s if r.HasField("ttft_slo_s") else self.slo.ttft_s
         tbt_s = r.tbt_slo_ms / 1000 if r.HasField("tbt_slo_ms") else self.slo.tbt_s
         seed = r.seed if r.HasField("seed") else None
-        if r.temperature < 0:
-            raise InvalidArgumentError(f"temperature must be >= 0: {r.temperature}")
         max_tokens = r.max_tokens or DEFAULT_MAX_TOKENS
         slo = SLO(ttft_s, tbt_s)
         return check(CompletionRequest(tuple(ids), max_tokens, r.temperature, seed, slo))
