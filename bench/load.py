@@ -10,10 +10,11 @@ Before the timed loop, each client puts its share of the working set (DRAM fills
 evicts), then the same loop runs untimed for `warm_up_s`, so the server's allocators and
 connections reach their level under this load. The row: ops/s and latency percentiles of
 the timed loop; errors (exceptions, by class), corrupted and verified bytes of every op; the
-server's RSS and open fds at the start and the end of the timed loop, every client connected
-both times, so growth between them is what the load leaks. A second table gives the figures
-per op. `--metrics PATH` writes the server's Prometheus text, scraped once the clients
-stopped. Exit status 1 when any byte was corrupted.
+server's RSS and open fds through the timed loop, every client connected all along: at its
+start and end, the median RSS over its first and last quarter (a leak grows with time, a
+pool that reached its level does not), and the whole series for `--json` and `--plot`. A
+second table gives the figures per op. `--metrics PATH` writes the server's Prometheus
+text, scraped once the clients stopped. Exit status 1 when any byte was corrupted.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from bench.load_server import ServerProcess, free_port, serve
 from bench.load_worker import Channels, LoadConfig, WorkerResult, run_worker
 from bench.options import extra_of
-from bench.report import Row, print_table
+from bench.report import Row, print_table, pyplot
 from bench.suites import SuiteOptions
 from kvstore.client import Client
 
@@ -53,14 +54,15 @@ COUNTS = (
 
 @dataclass(frozen=True)
 class Snapshot:
-    """The server's resident bytes and open fds at one moment."""
+    """The server's resident bytes and open fds `at_s` seconds into the timed loop."""
 
+    at_s: float
     rss_bytes: int
     num_fds: int
 
     @classmethod
-    def of(cls, server: ServerProcess) -> Snapshot:
-        return cls(server.rss_bytes(), server.num_fds())
+    def of(cls, server: ServerProcess, at_s: float) -> Snapshot:
+        return cls(at_s, server.rss_bytes(), server.num_fds())
 
 
 @dataclass(frozen=True)
@@ -71,8 +73,7 @@ class LoadRun:
     results: list[WorkerResult]
     lost_workers: dict[int, int | None]  # index -> exit code of workers that never reported
     elapsed_s: float
-    start: Snapshot
-    end: Snapshot
+    footprint: list[Snapshot]  # through the timed loop: its start, every tick, its end
     evictions: int
     transport: str
     server_exit_code: int | None = None
@@ -149,11 +150,19 @@ def _gather(procs: list[Any], q: Any, timeout_s: float, what: str) -> dict[int, 
     return got
 
 
-def _phase(progress: Progress, title: str, seconds: float, live: Callable[[], dict]) -> None:
-    """Shows a bar for `seconds` with live figures while the workers run."""
+def _phase(
+    progress: Progress,
+    title: str,
+    seconds: float,
+    live: Callable[[], dict],
+    tick: Callable[[float], None] = lambda at_s: None,
+) -> None:
+    """Shows a bar for `seconds` with live figures while the workers run; calls
+    `tick(seconds since the phase began)` every quarter second."""
     task = progress.add_task(title, total=seconds or 1, **live())
     start = time.monotonic()
     while (elapsed := time.monotonic() - start) < seconds:
+        tick(elapsed)
         progress.update(task, completed=elapsed, **live())
         time.sleep(min(0.25, seconds - elapsed))
     progress.update(task, completed=seconds or 1, **live())
@@ -161,14 +170,19 @@ def _phase(progress: Progress, title: str, seconds: float, live: Callable[[], di
 
 def _run_phases(
     config: LoadConfig, channels: Channels, server: ServerProcess
-) -> tuple[float, Snapshot, Snapshot]:
+) -> tuple[float, list[Snapshot]]:
     """Warm-up, then the timed loop, both under the same load; returns the timed loop's
-    seconds and the server's footprint at its start and its end."""
+    seconds and the server's footprint through it."""
     counters = channels.counters
+    footprint: list[Snapshot] = []
 
     def live() -> dict:
         ops, errs = sum(counters[0::2]), sum(counters[1::2])
-        return {"ops": ops, "errors": errs, "rss_mib": server.rss_bytes() >> 20}
+        rss = footprint[-1].rss_bytes if footprint else server.rss_bytes()
+        return {"ops": ops, "errors": errs, "rss_mib": rss >> 20}
+
+    def sample(at_s: float) -> None:
+        footprint.append(Snapshot.of(server, at_s))
 
     columns = (
         TextColumn("[progress.description]{task.description}"), BarColumn(),
@@ -178,13 +192,13 @@ def _run_phases(
     with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
         channels.go.set()
         _phase(progress, "warm-up", config.warm_up_s, live)
-        start = Snapshot.of(server)
         channels.timed.set()
         began = time.monotonic()
-        _phase(progress, f"load: {config.num_clients} clients", config.seconds, live)
-        end = Snapshot.of(server)
+        _phase(progress, f"load: {config.num_clients} clients", config.seconds, live, sample)
+        elapsed_s = time.monotonic() - began
+        sample(elapsed_s)
         channels.stop.set()
-        return time.monotonic() - began, start, end
+        return elapsed_s, footprint
 
 
 def _drive(config: LoadConfig, server: ServerProcess) -> LoadRun:
@@ -192,7 +206,7 @@ def _drive(config: LoadConfig, server: ServerProcess) -> LoadRun:
         procs, channels = _spawn_workers(config, server.address)
         try:
             ready = _gather(procs, channels.ready, READY_TIMEOUT_S, "filled")
-            elapsed_s, start, end = _run_phases(config, channels, server)
+            elapsed_s, footprint = _run_phases(config, channels, server)
             results = _gather(procs, channels.results, REPORT_TIMEOUT_S, "reporting")
             evictions = admin.stats().evictions
         finally:
@@ -204,9 +218,7 @@ def _drive(config: LoadConfig, server: ServerProcess) -> LoadRun:
                     proc.kill()
     lost = {i: p.exitcode for i, p in enumerate(procs) if i not in results or i not in ready}
     transport = _transport_of(list(results.values()))
-    return LoadRun(
-        config, list(results.values()), lost, elapsed_s, start, end, evictions, transport
-    )
+    return LoadRun(config, list(results.values()), lost, elapsed_s, footprint, evictions, transport)
 
 
 def _transport_of(results: list[WorkerResult]) -> str:
@@ -253,11 +265,30 @@ def summary_row(run: LoadRun) -> Row:
         "error_classes": " ".join(f"{k}={v}" for k, v in sorted(errors.items())),
         **total,
         "evictions": run.evictions,
-        "rss_start_bytes": run.start.rss_bytes,
-        "rss_end_bytes": run.end.rss_bytes,
-        "fds_start": run.start.num_fds,
-        "fds_end": run.end.num_fds,
+        "rss_start_bytes": run.footprint[0].rss_bytes,
+        "rss_end_bytes": run.footprint[-1].rss_bytes,
+        **quarter_medians(run.footprint),
+        "fds_start": run.footprint[0].num_fds,
+        "fds_end": run.footprint[-1].num_fds,
+        "fds_max": max(s.num_fds for s in run.footprint),
         "server_exit_code": run.server_exit_code,
+        "footprint": [[round(s.at_s, 2), s.rss_bytes, s.num_fds] for s in run.footprint],
+    }
+
+
+def quarter_medians(footprint: list[Snapshot]) -> dict[str, int]:
+    """The median RSS over the first and over the last quarter of the timed loop.
+
+    Two single snapshots wander with what the server is doing at that instant (a batch in
+    flight); medians over a quarter each do not. A leak grows with time, so the last
+    quarter sits above the first; pools that reached their level under this load do not.
+    """
+    end_s = footprint[-1].at_s
+    first = [s.rss_bytes for s in footprint if s.at_s <= end_s / 4]
+    last = [s.rss_bytes for s in footprint if s.at_s >= end_s * 3 / 4]
+    return {
+        "rss_first_quarter_bytes": int(np.median(first)),
+        "rss_last_quarter_bytes": int(np.median(last)),
     }
 
 
@@ -300,6 +331,27 @@ def run(options: SuiteOptions) -> list[Row]:
             Console(stderr=True).print(f"server log (tail):\n{server.log_tail()}")
     print_table(op_rows(result), title="load per op")
     return [summary_row(result)]
+
+
+def plot(rows: list[Row], path: Path) -> None:
+    """The server's RSS and open fds through the timed loop, with the quarter medians."""
+    plt = pyplot()
+    fig, (rss_ax, fds_ax) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
+    for row in rows:
+        at_s, rss, fds = np.array(row["footprint"], dtype=float).T
+        rss_ax.plot(at_s, rss / 2**20, lw=1, label=f"{row['clients']} clients")
+        fds_ax.plot(at_s, fds, lw=1)
+        for key, part in (("rss_first_quarter_bytes", 0), ("rss_last_quarter_bytes", 3)):
+            span = at_s[-1] / 4 * np.array([part, part + 1])
+            rss_ax.plot(span, [row[key] / 2**20] * 2, "k--", lw=1)  # type: ignore[operator]
+    rss_ax.set_ylabel("server RSS (MiB)")
+    rss_ax.set_title("kvstore-bench load: server footprint (dashed: quarter medians)")
+    rss_ax.legend(loc="lower right")
+    fds_ax.set_ylabel("open fds")
+    fds_ax.set_xlabel("seconds into the timed loop")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def exit_status(rows: list[Row]) -> int:

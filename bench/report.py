@@ -37,9 +37,10 @@ def format_cell(value: object) -> str:
 
 
 def render_table(rows: Sequence[Row], title: str) -> Table:
-    """A rich table with one column per key of `rows`; numbers right-aligned."""
+    """A rich table with one column per key of `rows`; numbers right-aligned. Columns
+    holding lists (series, for `--json` and `--plot`) are left out."""
     table = Table(title=title)
-    cols = columns_of(rows)
+    cols = [c for c in columns_of(rows) if not any(isinstance(r.get(c), list) for r in rows)]
     for col in cols:
         numeric = any(isinstance(r.get(col), int | float) for r in rows)
         table.add_column(col, justify="right" if numeric else "left")

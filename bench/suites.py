@@ -104,6 +104,7 @@ _SPECS = (
         "N client processes against one store with less DRAM than the working set: mixed "
         "match/get/put/remove over UCX and gRPC, every read verified; ops/s, latency, server "
         "RSS and fds",
+        can_plot=True,
     ),
     SuiteSpec(
         "prefix",

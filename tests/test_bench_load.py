@@ -22,9 +22,9 @@ SMALL = LoadConfig(num_clients=1, seconds=1.0, dram_bytes=1 << 20, num_prompts=4
 
 
 def test_short_run_verifies_every_read_without_errors(tmp_path: Path) -> None:
-    out, scrape = tmp_path / "load.json", tmp_path / "metrics.txt"
+    out, scrape, png = tmp_path / "load.json", tmp_path / "metrics.txt", tmp_path / "load.png"
     argv = ["load", "--quick", "--clients", "2", "--seconds", "3", "--json", str(out)]
-    assert main([*argv, "--metrics", str(scrape)]) == 0
+    assert main([*argv, "--metrics", str(scrape), "--plot", str(png)]) == 0
     [row] = json.loads(out.read_text())
     assert set(row) >= JSON_KEYS
     assert (row["clients"], row["errors"], row["corrupted"]) == (2, 0, 0), row["error_classes"]
@@ -34,6 +34,17 @@ def test_short_run_verifies_every_read_without_errors(tmp_path: Path) -> None:
     assert row["evictions"] > 0 and row["blocks_missed"] > 0 and row["blocks_present"] > 0
     assert row["rss_start_bytes"] >= load.QUICK.dram_bytes and row["fds_start"] > 0
     assert row["server_exit_code"] == 0
+    # The footprint series spans the timed loop, from the start snapshot to the end one.
+    at_s, rss, fds = zip(*row["footprint"], strict=True)
+    assert at_s[0] < 1.0 and at_s[-1] == pytest.approx(row["seconds"], abs=0.1)
+    assert list(at_s) == sorted(at_s) and len(at_s) >= 8  # a sample every quarter second
+    assert (rss[0], rss[-1], fds[0], fds[-1], max(fds)) == (
+        row["rss_start_bytes"], row["rss_end_bytes"], row["fds_start"], row["fds_end"],
+        row["fds_max"],
+    )  # fmt: skip
+    for key in ("rss_first_quarter_bytes", "rss_last_quarter_bytes"):
+        assert min(rss) <= row[key] <= max(rss)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # The server's own counters, scraped after the run, agree with what the clients saw.
     metrics = _samples(scrape.read_text())
     assert metrics["kvstore_hit_blocks_total"] == row["blocks_found"]
@@ -55,6 +66,20 @@ def _samples(text: str) -> dict[str, float]:
             for key in {name, first_label}:
                 sums[key] = sums.get(key, 0.0) + float(value)
     return sums
+
+
+def _series(rss_mib: list[float]) -> list[load.Snapshot]:
+    return [load.Snapshot(float(t), int(m * 2**20), 96) for t, m in enumerate(rss_mib)]
+
+
+def test_quarter_medians_tell_a_leak_from_a_level_that_wanders() -> None:
+    # Climbing all along: the last quarter sits above the first by what leaked meanwhile.
+    leak = load.quarter_medians(_series([200 + t for t in range(41)]))
+    assert leak["rss_last_quarter_bytes"] - leak["rss_first_quarter_bytes"] == 30 * 2**20
+    # A level that wanders with spikes at both ends (what single snapshots would report).
+    level = [250.0, 270, 270, 271, 270, 269, 270, 271, 270, 270, 269, 270, 270, 290]
+    wanders = load.quarter_medians(_series(level))
+    assert wanders["rss_first_quarter_bytes"] == wanders["rss_last_quarter_bytes"] == 270 * 2**20
 
 
 def test_suite_is_registered_with_its_flags() -> None:
