@@ -1,8 +1,9 @@
 """`kvstore-bench trace --ablation`: what each mechanism of prefix-2q gains.
 
 For every mechanism (`WITHOUT`), the policy with it on (`Prefix2QPolicy()`) against the
-policy with it off, as a ratio of hit ratios. 2Q itself is the one mechanism left, off
-being prefix-lru; a new mechanism gets a switch in `Prefix2QPolicy` and a line here.
+policy with it off, as a ratio of hit ratios: 2Q itself (off: prefix-lru) and its ghost
+list (off: 2Q that forgets what it evicted). A new mechanism gets a switch in
+`Prefix2QPolicy` and a line here.
 Measured on three trace families, each at several capacities:
 
 - mooncake: the shared trace, its first half and its second half;
@@ -19,6 +20,7 @@ trace tests check equals a store replay block for block; jobs run in `workers` p
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -34,7 +36,9 @@ from bench.trace_gen import generate
 from kvstore.policy import EvictionPolicy, Prefix2QPolicy, PrefixLRUPolicy
 
 # Each mechanism measured -> the policy without it.
-WITHOUT: Mapping[str, Callable[[], EvictionPolicy]] = MappingProxyType({"2q": PrefixLRUPolicy})
+WITHOUT: Mapping[str, Callable[[], EvictionPolicy]] = MappingProxyType(
+    {"2q": PrefixLRUPolicy, "ghost list": functools.partial(Prefix2QPolicy, ghost_factor=0.0)}
+)
 FRACTIONS = (0.05, 0.1, 0.2)  # capacities, as fractions of a trace's distinct blocks
 QUICK_FRACTIONS = (0.1, 0.2)
 GENERATED = {"conversation": 1000, "agent": 400}  # sessions per generated trace

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from kvstore.policy import Prefix2QPolicy
 
 
@@ -65,15 +67,29 @@ def test_a_block_back_from_the_ghost_list_is_protected() -> None:
 def test_the_ghost_list_is_bounded_and_remove_is_idempotent() -> None:
     policy = Prefix2QPolicy()
     _roots(policy, bytes(range(10)))
-    for i in range(9):
+    for i in range(6):
         policy.remove(bytes([i]))
     policy.remove(b"unknown")
-    assert len(policy) == 1
-    # The ghost list keeps GHOST_FACTOR (2) keys per tracked block: 7 and 8, not 0.
-    policy.insert(bytes([8]), None)  # still remembered: protected
+    assert len(policy) == 4
+    # The ghost list keeps half as many keys as the policy tracks blocks (2): 4 and 5.
+    policy.insert(bytes([5]), None)  # still remembered: protected
     policy.insert(bytes([0]), None)  # forgotten: probation
-    policy.insert(bytes([7]), None)  # still remembered: protected
-    assert _candidates(policy) == [bytes([9]), bytes([0]), bytes([8]), bytes([7])]
+    policy.insert(bytes([3]), None)  # forgotten: probation
+    policy.insert(bytes([4]), None)  # still remembered: protected
+    assert _candidates(policy) == _keys(bytes([6, 7, 8, 9, 0, 3, 5, 4]))
+
+
+@pytest.mark.parametrize(
+    ("policy", "order"), [(Prefix2QPolicy(), b"bcda"), (Prefix2QPolicy(0.0), b"bcad")]
+)
+def test_a_policy_without_its_ghost_list_forgets_what_it_evicted(
+    policy: Prefix2QPolicy, order: bytes
+) -> None:
+    _roots(policy, b"abc")
+    policy.remove(b"a")
+    policy.insert(b"a", None)  # back at once: protected if remembered, else on probation
+    policy.insert(b"d", None)
+    assert _candidates(policy) == _keys(order)
 
 
 def test_protected_over_its_share_gives_the_first_victims() -> None:

