@@ -100,6 +100,7 @@ class Engine:
         prompt_token_ids: Sequence[int],
         params: SamplingParams | None = None,
         num_published_tokens: int = 0,
+        prefetch: bool = False,
     ) -> int:
         """Queues a request; returns its id.
 
@@ -109,6 +110,9 @@ class Engine:
             num_published_tokens: leading prompt tokens a prefill engine reported committed
                 in the store (its output's `num_published_tokens`), a multiple of
                 block_tokens; a decode engine loads those blocks without asking the store.
+            prefetch: only load the store's blocks of the prompt that the prefix cache
+                lacks into it, and compute nothing (finish reason "prefetch"; its usage
+                counts what it loaded). Only its full blocks before the last token count.
 
         Raises:
             InvalidRequestError: empty prompt, a token outside the vocabulary, a request
@@ -124,6 +128,7 @@ class Engine:
         generator = torch.Generator(device=self.config.device).manual_seed(seed)
         req = Request(request_id, tokens, len(tokens), params, generator, self._clock())
         req.num_published_tokens = num_published_tokens
+        req.prefetch = prefetch
         self.scheduler.add(req)
         return request_id
 

@@ -34,7 +34,7 @@ class RequestOutput:
     request_id: int
     prompt_token_ids: tuple[int, ...]
     output_token_ids: tuple[int, ...]
-    finish_reason: str | None  # None until FINISHED; "length", "stop" or "prefill"
+    finish_reason: str | None  # None until FINISHED; length, stop, prefill or prefetch
     usage: Usage
     metrics: RequestMetrics
     logits: torch.Tensor | None  # (vocab,) fp32 on CPU, of the last token; when finished
@@ -49,11 +49,16 @@ class RequestOutput:
 
     @classmethod
     def of(cls, req: Request) -> RequestOutput:
-        """The output of `req` right after it got a token."""
+        """The output of `req` right after it got a token, or after a prefetch finished
+        (no token: no TTFT)."""
         local, store = req.local_cached_tokens or 0, req.store_cached_tokens or 0
         num_out = req.num_output_tokens
         first, last = req.first_token_s, req.last_token_s
-        assert first is not None and last is not None, "output before a first token"
+        assert req.prefetch or (first is not None and last is not None), "output before a token"
+        ttft = tpot = None
+        if first is not None and last is not None:
+            ttft = first - req.arrival_s
+            tpot = (last - first) / (num_out - 1) if num_out > 1 else None
         is_finished = req.status is RequestStatus.FINISHED
         logits = req.last_logits if is_finished else None
         return cls(
@@ -62,11 +67,7 @@ class RequestOutput:
             output_token_ids=tuple(req.token_ids[req.num_prompt_tokens :]),
             finish_reason=req.finish_reason if is_finished else None,
             usage=Usage(req.num_prompt_tokens, num_out, local + store, local, store),
-            metrics=RequestMetrics(
-                req.arrival_s,
-                first - req.arrival_s,
-                (last - first) / (num_out - 1) if num_out > 1 else None,
-            ),
+            metrics=RequestMetrics(req.arrival_s, ttft, tpot),
             logits=logits.cpu() if logits is not None else None,
             num_published_tokens=req.num_published_tokens,
             error=req.error,

@@ -15,6 +15,9 @@ PUBLISHING_KV      FINISHED            its prompt blocks are committed (or the w
                                        is over: `error` says so); pages released
 WAITING, RUNNING   FINISHED            aborted: its caller is gone; pages released
 LOADING_REMOTE_KV  FINISHED            aborted, once the load writing its pages is over
+LOADING_REMOTE_KV  FINISHED            a prefetch, once its load is over (the blocks
+                                       stay in the prefix cache)
+WAITING            FINISHED            a prefetch with nothing to load
 =================  ==================  =============================================
 
 Token ranges (B = block_tokens):
@@ -65,11 +68,14 @@ class Request:
     first_token_s: float | None = None
     last_token_s: float | None = None
     last_logits: torch.Tensor | None = None  # (vocab,) of the last sampled token
-    finish_reason: str | None = None  # "stop", "length", "prefill" or "abort": computes no more
+    finish_reason: str | None = None  # stop, length, prefill, prefetch, abort: computes no more
     # Leading prompt tokens committed in the store: handed to a decode engine by the
     # conductor, or found by a prefill engine when the request finishes.
     num_published_tokens: int = 0
     error: PublishError | None = None  # a prefill engine's publish fell short
+    # Only load the store's blocks of the prompt into the prefix cache, compute nothing:
+    # finish reason "prefetch" (a conductor's replication of hot blocks, ahead of need).
+    prefetch: bool = False
 
     @property
     def num_uncomputed(self) -> int:

@@ -51,6 +51,7 @@ class _Submission(NamedTuple):
     prompt: list[int]
     params: SamplingParams
     num_published_tokens: int
+    prefetch: bool
     stream: OutputStream
 
 
@@ -87,7 +88,11 @@ class EngineRunner:
         self.engine.close()
 
     def submit(
-        self, prompt: Sequence[int], params: SamplingParams, num_published_tokens: int = 0
+        self,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        num_published_tokens: int = 0,
+        prefetch: bool = False,
     ) -> OutputStream:
         """Queues a request (`Engine.add_request` says what the arguments mean); its outputs,
         or the error ending it, arrive on the stream."""
@@ -97,7 +102,8 @@ class EngineRunner:
                 stream.put(self._failure)
                 return stream
             self._num_inbox += 1
-            self._inbox.put(_Submission(list(prompt), params, num_published_tokens, stream))
+            sub = _Submission(list(prompt), params, num_published_tokens, prefetch, stream)
+            self._inbox.put(sub)
         return stream
 
     def cancel(self, stream: OutputStream) -> None:
@@ -175,7 +181,7 @@ class EngineRunner:
                 self._num_inbox -= 1
             try:
                 request_id = self.engine.add_request(
-                    sub.prompt, sub.params, sub.num_published_tokens
+                    sub.prompt, sub.params, sub.num_published_tokens, sub.prefetch
                 )
             except EngineError as exc:
                 sub.stream.put(exc)

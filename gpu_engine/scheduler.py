@@ -19,7 +19,9 @@ holds its pages in PUBLISHING_KV until its prompt blocks are committed in the st
 batch (`ScheduledBatch.finished`), since they get no token in that step.
 
 `abort` ends a request whose caller is gone, at the first point where nothing else writes
-into its pages.
+into its pages. A prefetch (`Request.prefetch`) is admitted like any request and finishes
+where it would start computing: once its load is over (its blocks now in the prefix
+cache), or at admission when the store holds nothing it lacks.
 """
 
 from __future__ import annotations
@@ -116,9 +118,9 @@ class Scheduler:
         """This step's batch: finished loads join the running requests, which go first, then
         admissions while the budget lasts; finished publishes finish their requests. May
         preempt the youngest running requests."""
-        for load in self.transfer.finished_loads():
-            self._on_loaded(load)
-        finished = [self._on_published(p) for p in self.transfer.finished_publishes()]
+        loaded = [self._on_loaded(load) for load in self.transfer.finished_loads()]
+        finished = [req for req in loaded if req is not None]
+        finished += [self._on_published(p) for p in self.transfer.finished_publishes()]
         batch = ScheduledBatch([], [], [], finished)
         budget = self.max_prefill_tokens  # decode tokens do not count
         for req in list(self._running):
@@ -136,7 +138,9 @@ class Scheduler:
                 break
             self._waiting.popleft()
             num_admitted += 1
-            if req.status is RequestStatus.RUNNING:
+            if req.status is RequestStatus.FINISHED:  # a prefetch with nothing to load
+                finished.append(req)
+            elif req.status is RequestStatus.RUNNING:
                 self._running.append(req)
                 num_new = min(req.num_uncomputed, budget)
                 self._add(batch, req, num_new)
@@ -182,6 +186,9 @@ class Scheduler:
         if num_hits == 0:
             req.store_cached_tokens = req.store_cached_tokens or 0
             req.status = RequestStatus.RUNNING
+            if req.prefetch:
+                req.finish_reason = "prefetch"
+                self._release(req)
             return True
         uncached = uncached._replace(keys=uncached.keys[:num_hits])
         first = uncached.first_block
@@ -190,8 +197,9 @@ class Scheduler:
         req.status = RequestStatus.LOADING_REMOTE_KV
         return True
 
-    def _on_loaded(self, load: LoadResult) -> None:
-        """LOADING_REMOTE_KV to RUNNING: caches and counts only the blocks that arrived."""
+    def _on_loaded(self, load: LoadResult) -> Request | None:
+        """LOADING_REMOTE_KV to RUNNING: caches and counts only the blocks that arrived. A
+        prefetch is FINISHED instead, and returned (its caller gets an output)."""
         req, num_loaded = load.request, load.num_loaded
         self.block_manager.cache(load.keys[:num_loaded], load.blocks[:num_loaded])
         req.num_computed = (load.first_block + num_loaded) * self._block_tokens
@@ -199,9 +207,14 @@ class Scheduler:
             req.store_cached_tokens = num_loaded * self._block_tokens
         if req.finish_reason == "abort":  # its caller left while the load was in flight
             self._release(req)
-            return
+            return None
+        if req.prefetch:
+            req.finish_reason = "prefetch"
+            self._release(req)
+            return req
         req.status = RequestStatus.RUNNING
         self._running.append(req)
+        return None
 
     def _reserve(self, req: Request, num_tokens: int) -> bool:
         """Grows `req` to pages for `num_tokens`, preempting the youngest running requests

@@ -132,7 +132,7 @@ class EngineServicer(pb_grpc.EngineServiceServicer):
         except (EngineError, ValueError) as exc:
             _abort(context, InvalidRequestError(str(exc)))
         prompt, num_published = list(request.prompt_token_ids), request.num_published_tokens
-        stream = self.runner.submit(prompt, params, num_published)
+        stream = self.runner.submit(prompt, params, num_published, request.prefetch)
         # Called when the RPC ends, however: a caller who cancels or goes away frees the
         # engine of the request (a no-op if it finished first).
         if not context.add_callback(lambda: self.runner.cancel(stream)):

@@ -296,3 +296,38 @@ def test_a_request_aborted_while_loading_keeps_its_pages_until_the_load_is_over(
     assert hit.status is RequestStatus.FINISHED and hit.finish_reason == "abort"
     assert scheduler.block_manager.pool.num_cached_blocks == 2  # what arrived is kept
     _assert_idle(scheduler)
+
+
+def test_a_prefetch_loads_into_the_prefix_cache_and_computes_nothing() -> None:
+    connector = HeldConnector(num_loaded=3)
+    scheduler = _make(connector, async_load=True)
+    prefetch = _add(scheduler, 0, 4 * BLOCK + 1)
+    prefetch.prefetch = True
+    assert _step(scheduler) == []
+    assert prefetch.status is RequestStatus.LOADING_REMOTE_KV
+    connector.gate.set()
+    scheduler.transfer.wait_for_transfer()
+    batch = scheduler.schedule()  # collects the load: finished, handed back, never run
+    assert (batch.requests, batch.finished) == ([], [prefetch])
+    assert prefetch.status is RequestStatus.FINISHED and prefetch.finish_reason == "prefetch"
+    assert (prefetch.store_cached_tokens, prefetch.num_output_tokens) == (3 * BLOCK, 0)
+    assert scheduler.block_manager.pool.num_cached_blocks == 3
+    _assert_idle(scheduler)
+    # A request of the same prompt now finds those blocks in the prefix cache.
+    same = _add(scheduler, 1, 4 * BLOCK + 3)
+    same.token_ids[: 4 * BLOCK + 1] = prefetch.token_ids
+    same.prefetch = False
+    connector.num_loaded = 0
+    assert _step(scheduler) == []  # asks the store for block 3 only, which sends none
+    scheduler.transfer.wait_for_transfer()
+    assert _step(scheduler) == [(1, BLOCK + 3, True)]
+    assert (same.local_cached_tokens, same.store_cached_tokens) == (3 * BLOCK, 0)
+
+
+def test_a_prefetch_the_store_cannot_serve_finishes_at_admission() -> None:
+    scheduler = _make()  # a store that holds nothing
+    prefetch = _add(scheduler, 0, 2 * BLOCK + 1)
+    prefetch.prefetch = True
+    batch = scheduler.schedule()
+    assert (batch.requests, batch.finished, prefetch.finish_reason) == ([], [prefetch], "prefetch")
+    _assert_idle(scheduler)

@@ -272,7 +272,7 @@ class DataPlaneInfoResponse(_message.Message):
     def __init__(self, transport: _Optional[str] = ..., server_address: _Optional[bytes] = ..., client_id: _Optional[int] = ..., connection_secret: _Optional[bytes] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt_token_ids", "max_tokens", "temperature", "seed", "stop_token_ids", "return_logits", "num_published_tokens")
+    __slots__ = ("prompt_token_ids", "max_tokens", "temperature", "seed", "stop_token_ids", "return_logits", "num_published_tokens", "prefetch")
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
@@ -280,6 +280,7 @@ class GenerateRequest(_message.Message):
     STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     RETURN_LOGITS_FIELD_NUMBER: _ClassVar[int]
     NUM_PUBLISHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFETCH_FIELD_NUMBER: _ClassVar[int]
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     max_tokens: int
     temperature: float
@@ -287,7 +288,8 @@ class GenerateRequest(_message.Message):
     stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
     return_logits: bool
     num_published_tokens: int
-    def __init__(self, prompt_token_ids: _Optional[_Iterable[int]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., return_logits: _Optional[bool] = ..., num_published_tokens: _Optional[int] = ...) -> None: ...
+    prefetch: bool
+    def __init__(self, prompt_token_ids: _Optional[_Iterable[int]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., return_logits: _Optional[bool] = ..., num_published_tokens: _Optional[int] = ..., prefetch: _Optional[bool] = ...) -> None: ...
 
 class GenerateUsage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens", "local_cached_tokens", "store_cached_tokens")

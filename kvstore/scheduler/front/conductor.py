@@ -20,14 +20,21 @@ Flow of one request (`admit`, then `run`):
    are measured; the outcome, with the prediction made at admission, goes to every
    listener (metrics, a benchmark).
 
-Replications the policy plans are not carried out: an engine loads from the pool what its
-local cache lacks when it runs the request, which is the copy a replication would start
-earlier. A request at temperature > 0 without a seed gets one drawn from the conductor's
-seeded generator, so that prefill and decode engines sample the same first token.
+Replications the policy plans (hot blocks of the admitted request's prompt that its prefill
+engine lacks) start at admission, in the background: that engine prefetches them from the
+store into its prefix cache (`GenerateRequest.prefetch`) while the request waits in its
+queue, so the request finds them local instead of loading them on its critical path. Each
+ends "done", "failed" or "unsupported" (an OpenAI backend); `replication_listeners` hear
+every outcome and how many blocks it loaded. A failed one costs only the copy: the request
+loads what it lacks itself.
+
+A request at temperature > 0 without a seed gets one drawn from the conductor's seeded
+generator, so that prefill and decode engines sample the same first token.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import itertools
@@ -42,7 +49,7 @@ from kvstore.async_client import AsyncClient
 from kvstore.errors import InvalidArgumentError, KVStoreError
 from kvstore.keys import Namespace
 from kvstore.scheduler import ttft
-from kvstore.scheduler.base import SchedulingPolicy
+from kvstore.scheduler.base import Replication, SchedulingPolicy
 from kvstore.scheduler.decision import Accept, Reject
 from kvstore.scheduler.front.completion import (
     CompletionChunk,
@@ -137,6 +144,9 @@ class Conductor:
         self.namespace = namespace
         self.store = store
         self.listeners: list[Callable[[CompletionOutcome], None]] = []
+        # (outcome: started, done, failed or unsupported; blocks loaded) of each replication
+        self.replication_listeners: list[Callable[[str, int], None]] = []
+        self._replicating: set[asyncio.Task[None]] = set()
         self._clock = clock
         self._t0 = clock()
         self._ids = itertools.count()
@@ -157,13 +167,48 @@ class Conductor:
         sched = SchedRequest(request_id, arrival_s, len(request.prompt_token_ids), blocks.hash_ids)
         with _policy_slo(self.policy, request.slo):
             decision = self.policy.decide(sched, self.cluster)
-        self.policy.replications(self.cluster)  # planned copies: see the module docstring
+        replications = self.policy.replications(self.cluster)
         if isinstance(decision, Reject):
             self._emit(CompletionOutcome(request_id, decision, sched.input_len, arrival_s))
             raise RejectedError(decision)
         if request.temperature > 0 and request.seed is None:
             request = request._replace(seed=self._rng.getrandbits(63))
-        return self._book(sched, request, blocks, decision)
+        ticket = self._book(sched, request, blocks, decision)
+        for replication in replications:
+            self._replicate(replication, request, blocks)
+        return ticket
+
+    def _replicate(
+        self, replication: Replication, request: CompletionRequest, blocks: PromptBlocks
+    ) -> None:
+        """Starts the prefetch of a planned copy: the blocks are a prefix of this request's
+        prompt (what the policy plans from), sent with the token after them, since an
+        engine computes a prompt's last token and caches only the blocks before it."""
+        num = len(replication.hash_ids)
+        if num > blocks.num_full or blocks.hash_ids[:num] != replication.hash_ids:
+            return  # not this prompt's full blocks: nothing here names their tokens
+        tokens = request.prompt_token_ids[: num * self.namespace.layout.block_tokens + 1]
+        engine = self.engines[self.roles.prefill[replication.target]]
+        task = asyncio.get_running_loop().create_task(self._prefetch(engine, tokens))
+        self._replicating.add(task)
+        task.add_done_callback(self._replicating.discard)
+        self._replicated("started", 0)
+
+    async def _prefetch(self, engine: Engine, tokens: Sequence[int]) -> None:
+        try:
+            loaded = await engine.prefetch(tokens)
+        except KVStoreError as exc:
+            log.warning("event=replication_failed engine=%s error=%s", engine.address, exc)
+            self._replicated("failed", 0)
+            return
+        if loaded is None:
+            self._replicated("unsupported", 0)
+        else:
+            self._replicated("done", loaded // self.namespace.layout.block_tokens)
+
+    def _replicated(self, outcome: str, num_blocks: int) -> None:
+        for listener in self.replication_listeners:
+            listener(outcome, num_blocks)
 
     async def _pool_match(self, blocks: PromptBlocks) -> int:
         if self.store is None or not blocks.keys:

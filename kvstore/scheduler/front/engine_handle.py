@@ -58,6 +58,10 @@ class Engine(Protocol):
     ) -> AsyncIterator[EngineChunk]:
         """Its messages for one request; the last has the finish reason."""
 
+    async def prefetch(self, prompt: Sequence[int]) -> int | None:
+        """Loads the store's blocks of `prompt` that its prefix cache lacks into it; the
+        tokens it loaded, or None where the engine cannot prefetch."""
+
     async def close(self) -> None:
         """Releases its connections."""
 
@@ -137,3 +141,11 @@ class EngineHandle:
         finally:
             with contextlib.suppress(Exception):
                 call.cancel()
+
+    async def prefetch(self, prompt: Sequence[int]) -> int | None:
+        request = pb.GenerateRequest(prompt_token_ids=list(prompt), max_tokens=1, prefetch=True)
+        try:
+            reply = [msg async for msg in self._stub.Generate(request, timeout=self.timeout_s)]
+        except grpc.RpcError as err:
+            raise_rpc_error(err)
+        return reply[-1].usage.store_cached_tokens if reply else 0

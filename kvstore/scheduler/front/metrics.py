@@ -9,6 +9,9 @@ Series (counters carry prometheus_client's ``_total`` suffix):
   at the conductor to first token out) and predicted TTFT of served requests;
   ``..._ttft_error_seconds``: predicted minus measured, per request.
 - ``kvstore_conductor_tbt_seconds``: mean time between tokens of each served request.
+- ``kvstore_conductor_replications_total{outcome}``: copies of hot blocks the policy planned
+  (started, done, failed, unsupported), and ``..._replicated_blocks_total``: blocks they
+  loaded into engines' prefix caches.
 - ``kvstore_conductor_engine_queued_requests{engine, role}``, ``..._engine_queued_seconds``
   (predicted work ahead), ``..._engine_decoding_requests``, ``..._engine_context_tokens``:
   each engine's queue as the conductor's view holds it, read at scrape time.
@@ -58,6 +61,12 @@ class ConductorMetrics:
         self.tbt = Histogram(
             name + "tbt_seconds", "mean per request", buckets=TBT_BUCKETS, registry=r
         )
+        self.replications = Counter(
+            name + "replications", "hot-block copies", ["outcome"], registry=r
+        )
+        self.replicated_blocks = Counter(
+            name + "replicated_blocks", "blocks prefetched by replications", registry=r
+        )
 
     def observe(self, outcome: CompletionOutcome) -> None:
         """Counts one finished, failed or rejected request."""
@@ -74,6 +83,11 @@ class ConductorMetrics:
                 self.ttft_error.observe(outcome.predicted_ttft_s - outcome.ttft_s)
         if outcome.tbt_s == outcome.tbt_s and len(outcome.output_token_ids) > 1:
             self.tbt.observe(outcome.tbt_s)
+
+    def replicated(self, outcome: str, num_blocks: int) -> None:
+        """Counts one replication's outcome and the blocks it loaded."""
+        self.replications.labels(outcome).inc()
+        self.replicated_blocks.inc(num_blocks)
 
     def watch(self, cluster: LiveCluster, prefill: Sequence[int], decode: Sequence[int]) -> None:
         """Exports `cluster`'s queues; `prefill`/`decode` map its instances to engines."""

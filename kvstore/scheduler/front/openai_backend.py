@@ -50,6 +50,9 @@ class OpenAIBackend:
             self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
         return self._http
 
+    async def prefetch(self, prompt: Sequence[int]) -> int | None:
+        return None  # the OpenAI API has no way to ask for it
+
     async def close(self) -> None:
         if self._http is not None:
             await self._http.close()

@@ -79,6 +79,7 @@ class ConductorServer:
         roles = self.conductor.roles
         self.metrics.watch(self.conductor.cluster, roles.prefill, roles.decode)
         self.conductor.listeners.append(self.metrics.observe)
+        self.conductor.replication_listeners.append(self.metrics.replicated)
         await self._start_http(addresses)
         await self._start_grpc()
         log.info(
