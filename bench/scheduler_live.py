@@ -133,10 +133,10 @@ def run(
     ):
         for i, policy in enumerate(policies):
             live = scale_trace(requests[:n], profile.block_tokens, vocab, i, speedup)
-            outcomes, loads = asyncio.run(
+            outcomes, loads, copies = asyncio.run(
                 _replay(policy, procs, profile, model, slo, live, advance)
             )
-            rows.append(_row(policy, speedup, slo, live, outcomes, loads, model))
+            rows.append(_row(policy, speedup, slo, live, outcomes, loads, model) | copies)
     return rows
 
 
@@ -165,7 +165,9 @@ async def _replay(
     slo: SLO,
     requests: Sequence[LiveRequest],
     advance: Callable[[int], None],
-) -> tuple[list[CompletionOutcome], list[float]]:
+) -> tuple[list[CompletionOutcome], list[float], dict[str, int]]:
+    """The outcomes, the decode-load samples, and the hot-block copies the policy had the
+    engines make (`replications` done, `replicated_blocks` they loaded)."""
     config = ConductorConfig(
         engines=",".join(procs.engines), store=procs.store, policy=policy, port=0, grpc_port=-1,
         ttft_slo_s=slo.ttft_s, tbt_slo_ms=slo.tbt_s * 1000, model=model,
@@ -173,6 +175,13 @@ async def _replay(
     server = await ConductorServer(config, profile).start()
     outcomes: list[CompletionOutcome] = []
     server.conductor.listeners.append(lambda o: (outcomes.append(o), advance(1)))
+    copies = {"replications": 0, "replicated_blocks": 0}
+
+    def replicated(outcome: str, num_blocks: int) -> None:
+        copies["replications"] += outcome == "done"
+        copies["replicated_blocks"] += num_blocks
+
+    server.conductor.replication_listeners.append(replicated)
     loads: list[float] = []
     sampler = asyncio.create_task(_sample(server.conductor.cluster, loads))
     url = f"http://127.0.0.1:{server.http_port}/v1/completions"
@@ -187,7 +196,7 @@ async def _replay(
     finally:
         sampler.cancel()
         await server.stop()
-    return sorted(outcomes, key=lambda o: o.request_id), loads
+    return sorted(outcomes, key=lambda o: o.request_id), loads, copies
 
 
 async def _complete(http: aiohttp.ClientSession, url: str, r: LiveRequest) -> None:
