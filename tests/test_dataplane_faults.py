@@ -54,7 +54,11 @@ def test_eight_client_processes_at_once(store_factory):
     assert [p.exitcode for p in procs] == [0] * NUM_PROCS
     with Client(store.address, timeout_s=10.0) as client:
         assert client.stats().num_blocks == 8 * NUM_PROCS
-        assert (client.stats().num_leases, client.stats().num_reservations) == (0, 0)
+        wait_until(  # a get's lease ends when the node has seen its last send complete
+            lambda: (client.stats().num_leases, client.stats().num_reservations) == (0, 0),
+            10.0,
+            "no lease or reservation left on the node",
+        )
 
 
 _HAMMER = """
