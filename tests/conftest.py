@@ -193,3 +193,41 @@ def mounted_tmpfs(path: Path, size_bytes: int) -> Iterator[Path]:
     finally:
         if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
             subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+@pytest.fixture
+def engine_factory(tmp_path: Path) -> Iterator[Callable[..., object]]:
+    """Starts `kvstore engine --port P ARGS...` processes on free ports; each call returns a
+    ready `EngineClient` (its `address` names the engine). Stopped with SIGTERM after the
+    test, which fails if one did not exit cleanly."""
+    from gpu_engine.engine_client import EngineClient  # torch: only for tests that ask
+
+    started: list[tuple[subprocess.Popen, Path]] = []
+
+    def factory(*args: str) -> EngineClient:
+        port = free_port()
+        log_path = tmp_path / f"engine-{port}.log"
+        cmd = [sys.executable, "-m", "kvstore.cli", "engine", "--port", str(port), *args]
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        started.append((proc, log_path))
+        client = EngineClient(f"127.0.0.1:{port}", timeout_s=60.0)
+        client.wait_ready(timeout_s=60.0)
+        return client
+
+    yield factory
+    for proc, log_path in started:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, log_path.read_text()
+
+
+def wait_no_leases(client: Client, timeout_s: float = 10.0) -> None:
+    """Waits until the node holds no reservation and no lease. A get's lease ends once the
+    node has seen its sends (or its stream) finish, which can come a moment after the
+    reader has every byte."""
+
+    def clean() -> bool:
+        stats = client.stats()
+        return (stats.num_reservations, stats.num_leases) == (0, 0)
+
+    wait_until(clean, timeout_s, "no reservation or lease left on the node")

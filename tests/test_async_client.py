@@ -14,7 +14,7 @@ from kvstore.async_client import AsyncClient
 from kvstore.client import Client
 from kvstore.dataplane import ucx_client
 from kvstore.keys import KVLayout, Namespace, block_keys
-from tests.conftest import require_extra, wait_until
+from tests.conftest import require_extra, wait_no_leases
 
 require_extra("ucxx")
 
@@ -53,13 +53,7 @@ def test_put_and_get_into_match_the_blocking_client(store, transport):
     assert not out[8].any()  # the miss left its buffer untouched
     with Client(store.address, timeout_s=10.0, transport="grpc") as check:
         assert [bytes(b) for b in check.get(NS.id, keys).blocks] == [b.tobytes() for b in blocks]
-        # A get's lease ends once the node has seen its sends (or stream) finish, which can
-        # come a moment after the reader has every byte.
-        wait_until(
-            lambda: (check.stats().num_reservations, check.stats().num_leases) == (0, 0),
-            10.0,
-            "no reservation or lease left on the node",
-        )
+        wait_no_leases(check)
 
 
 def test_many_transfers_run_at_once_without_blocking_the_loop(store):

@@ -6,11 +6,7 @@ pins where requests go so the test knows which engine lacks the prefix."""
 from __future__ import annotations
 
 import asyncio
-import signal
-import subprocess
-import sys
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 
 import pytest
 import torch
@@ -26,7 +22,7 @@ from kvstore.scheduler.front.server import ConductorServer
 from kvstore.scheduler.request import SchedRequest
 from kvstore.scheduler.slo import SLO
 from kvstore.scheduler.view import ClusterView
-from tests.conftest import free_port, wait_until
+from tests.conftest import wait_until
 
 BLOCK = 8
 NUM_BLOCKS = 6
@@ -56,23 +52,9 @@ class PinnedPolicy(SchedulingPolicy):
 
 
 @pytest.fixture
-def engines(store, tmp_path: Path) -> Iterator[list[str]]:
+def engines(store, engine_factory) -> list[str]:
     """Two "both" engine processes publishing to and loading from `store`."""
-    started, addresses = [], []
-    for i in range(2):
-        port = free_port()
-        log = open(tmp_path / f"engine-{i}.log", "w")  # noqa: SIM115 - closed below
-        cmd = [sys.executable, "-m", "kvstore.cli", "engine", "--port", str(port)]
-        cmd += ["--store", store.address, *ENGINE_FLAGS]
-        started.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log))
-        addresses.append(f"127.0.0.1:{port}")
-    for address in addresses:
-        EngineClient(address, timeout_s=60.0).wait_ready(timeout_s=60.0)
-    yield addresses
-    for proc, log in started:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0, Path(log.name).read_text()
-        log.close()
+    return [engine_factory("--store", store.address, *ENGINE_FLAGS).address for _ in range(2)]
 
 
 def _prompt() -> tuple[int, ...]:

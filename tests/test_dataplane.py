@@ -16,7 +16,7 @@ from kvstore.dataplane import ChecksumMismatchError, ucx_client
 from kvstore.dataplane.buffers import TransferBuffer
 from kvstore.dataplane.frames import Op, Request
 from kvstore.keys import KVLayout, Namespace, block_keys
-from tests.conftest import require_extra, wait_until
+from tests.conftest import require_extra, wait_no_leases
 
 require_extra("ucxx")
 
@@ -50,17 +50,6 @@ def grpc_client(store):
         yield client
 
 
-def _check_clean(client: Client) -> None:
-    """No reservation or lease left. A UCX get's lease ends when the node's sends complete,
-    which the node may learn a moment after the client has every byte (seen in CI)."""
-
-    def clean() -> bool:
-        stats = client.stats()
-        return (stats.num_reservations, stats.num_leases) == (0, 0)
-
-    wait_until(clean, 10.0, "no reservation or lease left on the node")
-
-
 @pytest.mark.parametrize(("writer", "reader"), [("ucx", "grpc"), ("grpc", "ucx"), ("ucx", "ucx")])
 def test_both_paths_move_identical_bytes(ucx, grpc_client, writer, reader):
     clients = {"ucx": ucx, "grpc": grpc_client}
@@ -72,7 +61,7 @@ def test_both_paths_move_identical_bytes(ucx, grpc_client, writer, reader):
     for block, mine, theirs in zip(blocks, out, got_grpc, strict=True):
         assert bytes(block) == bytes(mine) == bytes(theirs)  # type: ignore[arg-type]
     assert ucx.data_plane() is not None and grpc_client.data_plane() is None
-    _check_clean(ucx)
+    wait_no_leases(ucx)
 
 
 def test_miss_leaves_buffer_untouched_and_hits_land_in_place(ucx):
@@ -115,7 +104,7 @@ def test_wrong_buffer_size_is_rejected_and_store_keeps_serving(ucx):
     with pytest.raises(errors.InvalidArgumentError):
         ucx.get_into(NS.id, keys, [np.zeros(NS.block_bytes, np.uint8)[::2]] * 2)
     assert ucx.put_chain(NS.id, keys, _blocks(2)).num_stored == 2
-    _check_clean(ucx)
+    wait_no_leases(ucx)
 
 
 def test_wrong_checksum_is_never_committed(ucx, monkeypatch):
@@ -124,7 +113,7 @@ def test_wrong_checksum_is_never_committed(ucx, monkeypatch):
     with pytest.raises(ChecksumMismatchError, match="nothing committed"):
         ucx.put_chain(NS.id, keys, _blocks(4, seed=6))
     assert ucx.match(NS.id, keys).num_matched == 0
-    _check_clean(ucx)
+    wait_no_leases(ucx)
 
 
 def test_short_payload_is_never_committed(ucx):
@@ -138,7 +127,7 @@ def test_short_payload_is_never_committed(ucx):
     with pytest.raises(ChecksumMismatchError):
         dataplane._submit(dataplane._put(req, short)).result()
     assert ucx.match(NS.id, keys).num_matched == 0
-    _check_clean(ucx)
+    wait_no_leases(ucx)
 
 
 def test_pipelined_batches_all_complete(ucx):
@@ -153,7 +142,7 @@ def test_pipelined_batches_all_complete(ucx):
     assert small.result(timeout=10) == (True,)
     assert all(f.result(timeout=10) == (True,) * 32 for f in big)
     assert all(bytes(o[i]) == bytes(blocks[i]) for o in outs[:5] for i in range(32))
-    _check_clean(ucx)
+    wait_no_leases(ucx)
 
 
 def test_ucx_transport_without_data_plane_raises(store_factory):
@@ -213,7 +202,7 @@ def test_eager_puts_store_only_new_blocks_and_keep_present_ones(ucx):
     assert ucx.put_chain(NS.id, keys9, [*others, block9[8]]).num_stored == 1
     assert ucx.get_into(NS.id, keys9[8:], out[:1]) == (True,)
     assert (out[0] == block9[8]).all()
-    _check_clean(ucx)
+    wait_no_leases(ucx)
 
 
 def test_eager_put_refused_by_a_full_node_is_drained_and_the_connection_lives():

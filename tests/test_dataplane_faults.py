@@ -15,7 +15,7 @@ import pytest
 from kvstore import errors
 from kvstore.client import Client
 from kvstore.keys import KVLayout, Namespace, block_keys
-from tests.conftest import require_extra, start_store, wait_until
+from tests.conftest import require_extra, start_store, wait_no_leases, wait_until
 
 require_extra("ucxx")
 
@@ -54,11 +54,7 @@ def test_eight_client_processes_at_once(store_factory):
     assert [p.exitcode for p in procs] == [0] * NUM_PROCS
     with Client(store.address, timeout_s=10.0) as client:
         assert client.stats().num_blocks == 8 * NUM_PROCS
-        wait_until(  # a get's lease ends when the node has seen its last send complete
-            lambda: (client.stats().num_leases, client.stats().num_reservations) == (0, 0),
-            10.0,
-            "no lease or reservation left on the node",
-        )
+        wait_no_leases(client)
 
 
 _HAMMER = """

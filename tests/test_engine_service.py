@@ -6,12 +6,9 @@ engine's state, bad requests get INVALID_ARGUMENT without hurting the server, an
 from __future__ import annotations
 
 import logging
-import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import grpc
 import numpy as np
@@ -27,7 +24,7 @@ from gpu_engine.service import EngineServer, EngineServiceConfig
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.errors import InvalidArgumentError
-from tests.conftest import free_port, wait_until
+from tests.conftest import wait_until
 
 BLOCK = 8
 ENGINE_FLAGS = ("--block-tokens", str(BLOCK), "--page-tokens", str(BLOCK), "--num-pages", "256")
@@ -37,27 +34,6 @@ GREEDY = SamplingParams(max_tokens=5)
 def _prompt(seed: int, length: int) -> list[int]:
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(0, 512, (length,), generator=gen).tolist()
-
-
-@pytest.fixture
-def engine_factory(tmp_path: Path) -> Iterator:
-    started: list[tuple[subprocess.Popen, Path]] = []
-
-    def factory(*args: str) -> EngineClient:
-        port = free_port()
-        log_path = tmp_path / f"engine-{port}.log"
-        cmd = [sys.executable, "-m", "kvstore.cli", "engine", "--port", str(port), *args]
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        started.append((proc, log_path))
-        client = EngineClient(f"127.0.0.1:{port}", timeout_s=60.0)
-        client.wait_ready(timeout_s=60.0)
-        return client
-
-    yield factory
-    for proc, log_path in started:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0, log_path.read_text()
 
 
 def test_engine_processes_share_blocks_through_the_store(store, engine_factory):
@@ -160,3 +136,29 @@ def test_an_unknown_role_stops_the_engine_command_naming_the_roles():
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert "role must be one of ['both', 'prefill', 'decode']" in done.stderr
+
+
+def test_a_prefetch_is_checked_like_any_request_and_computes_nothing():
+    """`GenerateRequest.prefetch` from outside: a bad prompt is INVALID_ARGUMENT; a good one
+    on an engine without a store loads nothing, ends at once with no token, and the engine
+    serves the next request as before."""
+    config = EngineConfig(block_tokens=BLOCK, page_tokens=BLOCK)
+    with (
+        EngineServer(config, StoreConnectorConfig(), EngineServiceConfig(port=0)) as server,
+        grpc.insecure_channel(server.address) as channel,
+        EngineClient(server.address) as client,
+    ):
+        generate = pb_grpc.EngineServiceStub(channel).Generate
+        for bad in ([], [100_000], [1] * 1_000_000):
+            with pytest.raises(grpc.RpcError) as err:
+                list(generate(pb.GenerateRequest(prompt_token_ids=bad, prefetch=True), timeout=30))
+            assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        prompt = _prompt(3, 4 * BLOCK + 1)
+        [only] = generate(pb.GenerateRequest(prompt_token_ids=prompt, prefetch=True), timeout=30)
+        assert (only.finish_reason, list(only.token_ids)) == ("prefetch", [])
+        assert only.usage.store_cached_tokens == only.usage.completion_tokens == 0
+        out = client.generate(prompt, GREEDY)
+        assert out.output_token_ids == Engine(config).generate([prompt], GREEDY)[0].output_token_ids
+        load = client.load()
+        assert load.num_running == load.num_waiting == 0
+        assert load.num_free_pages == load.num_pages
