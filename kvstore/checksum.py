@@ -14,9 +14,10 @@ from typing import Any
 import crc32c
 
 
-def checksum(data: Any) -> int:
-    """The CRC32C of a buffer (bytes, memoryview, contiguous numpy array), as uint32."""
-    return int(crc32c.crc32c(data))
+def checksum(data: Any, crc: int = 0) -> int:
+    """The CRC32C of a buffer (bytes, memoryview, contiguous numpy array), as uint32;
+    given `crc`, the CRC32C of bytes that had that CRC32C, followed by `data`."""
+    return int(crc32c.crc32c(data, crc))
 
 
 def checksums(buffers: Iterable[Any]) -> list[int]:

@@ -145,6 +145,43 @@ def test_pipelined_batches_all_complete(ucx):
     wait_no_leases(ucx)
 
 
+def test_get_in_parts_lands_each_part_in_its_own_buffer_part_by_part(ucx):
+    """A block of 4 layers, received as 4 parts into 4 separate arrays (as a paged cache
+    holds layers apart): the same bytes; `on_part(s)` comes in order, once part s of every
+    found block is in place; a missed key's parts are untouched."""
+    keys, blocks = _chain(4, seed=11), _blocks(4, seed=11)
+    ucx.put_chain(NS.id, keys[:3], blocks[:3])
+    num_parts, size = 4, NS.block_bytes // 4
+    layers = [np.full((len(keys), size), 7, np.uint8) for _ in range(num_parts)]
+    seen: list[tuple[int, bool]] = []
+
+    def on_part(s: int) -> None:
+        landed = all((layers[s][i] == blocks[i][s * size : (s + 1) * size]).all() for i in range(3))
+        seen.append((s, landed))
+
+    dataplane = ucx.data_plane()
+    assert isinstance(dataplane, ucx_client.UcxClient)
+    parts = [list(layer) for layer in layers]  # parts[s][i]: a view into layer s's array
+    found = dataplane.submit_get_parts(NS.id, keys, parts, NS.block_bytes, on_part)
+    assert found.result(timeout=10) == (True, True, True, False)
+    assert seen == [(s, True) for s in range(num_parts)]
+    for i in range(3):
+        assert np.concatenate([layer[i] for layer in layers]).tobytes() == bytes(blocks[i])
+    assert all((layer[3] == 7).all() for layer in layers)
+    wait_no_leases(ucx)
+
+
+@pytest.mark.parametrize("num_parts", [0, 3, 1 << 14])
+def test_get_in_parts_that_do_not_fit_is_refused(ucx, num_parts):
+    """Parts must divide the block and be told apart by their tags (keys x parts <= 2^16)."""
+    keys = _chain(8, seed=12)
+    size = NS.block_bytes // max(num_parts, 1)
+    parts = [[np.zeros(size, np.uint8) for _ in keys] for _ in range(num_parts)]
+    with pytest.raises(errors.InvalidArgumentError, match="segments"):
+        ucx.data_plane().submit_get_parts(NS.id, keys, parts, NS.block_bytes)
+    assert ucx.put_chain(NS.id, keys[:1], _blocks(1, seed=12)).num_stored == 1
+
+
 def test_ucx_transport_without_data_plane_raises(store_factory):
     store = store_factory("--dataplane", "none")
     with Client(store.address, timeout_s=5.0, transport="ucx") as client:

@@ -80,15 +80,18 @@ def requests(draw: st.DrawFn, max_keys: int = 40) -> Request:
         st.none() | st.lists(st.none() | parent_keys, min_size=len(keys), max_size=len(keys))
     )
     checksums = draw(st.lists(u32, min_size=len(keys), max_size=len(keys))) if op is Op.PUT else []
+    # A GET in parts: as many as divide the block, each part's tag within range.
+    segments = draw(st.integers(2, 64)) if op is Op.GET and draw(st.booleans()) else 1
     return Request(
         op,
         draw(u64),
         draw(keys32),
         tuple(keys),
-        draw(u64),
+        draw(st.integers(0, (2**64 - 1) // segments)) * segments,
         None if parents is None else tuple(parents),
         tuple(checksums),
         draw(st.booleans()) if op is Op.PUT else False,  # eager: PUT only
+        segments,
     )
 
 
@@ -158,15 +161,20 @@ def test_damaged_request_frames_are_refused(req, data):
 
 
 def test_every_single_bit_flip_of_a_frame_is_refused():
-    """Exhaustively, for one request of each op: CRC32C catches every single-bit error."""
+    """Exhaustively, for one request of each op and a GET in parts: CRC32C catches every
+    single-bit error."""
     keys = KNOWN_KEYS[:2]
-    for op in Op:
-        sums = (1, 2) if op is Op.PUT else ()
-        frame = frames.encode_request(Request(op, 7, NS.id, keys, 4096, (None, keys[0]), sums))
+    reqs = [
+        Request(op, 7, NS.id, keys, 4096, (None, keys[0]), (1, 2) if op is Op.PUT else ())
+        for op in Op
+    ]
+    reqs.append(Request(Op.GET, 7, NS.id, keys, 4096, None, (), False, 8))
+    for req in reqs:
+        frame = frames.encode_request(req)
         for bit in range(8 * len(frame)):
             flipped = bytearray(frame)
             flipped[bit // 8] ^= 1 << (bit % 8)
-            assert _refused(bytes(flipped)), f"{op.name}: bit {bit}"
+            assert _refused(bytes(flipped)), f"{req.op.name}: bit {bit}"
 
 
 @PROPERTIES
@@ -410,6 +418,8 @@ def frame_requests(draw: st.DrawFn) -> Request:
         parents,
         tuple(sums),
         op is Op.PUT and draw(st.booleans()),  # eager: the node drains what it does not keep
+        # GET in parts: a count that divides the block, or any (refused unless it does).
+        draw(st.sampled_from([1, 1, 2, 4]) | st.integers(0, 65535)) if op is Op.GET else 1,
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -85,6 +85,25 @@ class DataPlaneClient(ABC):
         A missed key's buffer is left untouched. A block whose bytes do not match the
         CRC32C the node sent for it is reported missed too (its buffer then holds
         unspecified bytes). The store holds a lease on the blocks until they have arrived.
+        """
+
+    @abstractmethod
+    def submit_get_parts(
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        parts: Sequence[Sequence[Any]],
+        block_bytes: int,
+        on_part: Callable[[int], None] | None = None,
+    ) -> concurrent.futures.Future[tuple[bool, ...]]:
+        """`submit_get_into` in `len(parts)` equal parts per block: part s of key i lands
+        in `parts[s][i]` (block_bytes / len(parts) bytes), and part s of every found block
+        arrives before any block's part s + 1. So a block laid out layer after layer can
+        land straight in per-layer memory, and a reader can use layer s early:
+        `on_part(s)` is called (on the transport's thread; it must be quick) once part s
+        of every found block has landed. Those bytes are not checked yet: a block is
+        checked against its CRC32C when its last part lands, and the future's flags say
+        which blocks were found and whole, as `submit_get_into`'s do.
         """
 
     @abstractmethod

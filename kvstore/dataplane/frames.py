@@ -13,6 +13,11 @@ binds a message to its connection. Tags are therefore derived from the connectio
 | 16-59 | request | keyed BLAKE2b of the request id under the secret (44 bits)         |
 | 0-15  | index   | block position in the request (BLOCK only)                         |
 
+A GET may ask for its blocks in `segments` equal parts, sent part-major (part 0 of every
+found block, then part 1, ...) under index `part * num_keys + key`: a reader whose block is
+one layer after another gets every block's first layer before any block's second, and can
+receive each part straight into the memory where that layer lives.
+
 A peer without the secret cannot send a frame any receive of this connection matches, nor
 receive one meant for it. Request ids only have to be unique among a connection's calls in
 flight; they are never identity.
@@ -42,7 +47,8 @@ MAX_BLOCKS = 1 << 16
 _LEN = struct.Struct("<I")  # frame length, trailer included
 _CRC = struct.Struct("<I")
 _HEAD = struct.Struct("<BIQBQ")  # op, num_keys, block_bytes, flags, request_id
-_HAS_PARENTS, _EAGER = 1, 2  # request flags
+_HAS_PARENTS, _EAGER, _SEGMENTED = 1, 2, 4  # request flags
+_SEGMENTS = struct.Struct("<H")  # a segmented GET's number of parts, after its keys
 _REPLY = struct.Struct("<BQQI")  # is_error, reservation_id, block_bytes, num_flags
 _REQUEST_BITS = 44
 MAX_REQUEST_ID = (1 << 64) - 1  # a frame's request id is a u64
@@ -113,6 +119,9 @@ class Request(NamedTuple):
     receives the blocks of keys it did not reserve (present, in flight, or all of them after
     an error) into scratch memory and drops them. Else only the reserved blocks follow,
     once the client has the reply.
+
+    `segments` (GET only): the blocks come in that many equal parts, part-major (module
+    docstring); 1 is a whole block per message.
     """
 
     op: Op
@@ -123,6 +132,7 @@ class Request(NamedTuple):
     parents: tuple[bytes | None, ...] | None = None
     checksums: tuple[int, ...] = ()
     eager: bool = False
+    segments: int = 1
 
 
 def _seal(body: bytes) -> bytes:
@@ -153,14 +163,25 @@ def request_bytes(max_keys: int) -> int:
     return _LEN.size + _HEAD.size + KEY_BYTES + max_keys * (2 * KEY_BYTES + 4) + _CRC.size
 
 
-def _body_bytes(op: int, num_keys: int, has_parents: bool) -> int:
+def _body_bytes(op: int, num_keys: int, has_parents: bool, segmented: bool) -> int:
     per_key = KEY_BYTES * (2 if has_parents else 1) + (4 if op == Op.PUT else 0)
-    return _HEAD.size + KEY_BYTES + num_keys * per_key
+    return _HEAD.size + KEY_BYTES + num_keys * per_key + (_SEGMENTS.size if segmented else 0)
+
+
+def check_segments(num_keys: int, block_bytes: int, segments: int) -> None:
+    """Raises InvalidArgumentError unless `segments` equal parts of every block can each be
+    told apart by its tag."""
+    if segments < 1 or block_bytes % segments or num_keys * segments > MAX_BLOCKS:
+        raise errors.InvalidArgumentError(
+            f"{segments} segments of {block_bytes}-byte blocks for {num_keys} keys: "
+            f"they must divide the block and keys x segments must be <= {MAX_BLOCKS}"
+        )
 
 
 def encode_request(req: Request) -> bytes:
     keys = req.keys
     flags = (_HAS_PARENTS if req.parents is not None else 0) | (_EAGER if req.eager else 0)
+    flags |= _SEGMENTED if req.segments != 1 else 0
     parts = [
         _HEAD.pack(req.op, len(keys), req.block_bytes, flags, req.request_id),
         req.namespace_id.ljust(KEY_BYTES, b"\0")[:KEY_BYTES],
@@ -170,6 +191,8 @@ def encode_request(req: Request) -> bytes:
         parts.append(b"".join(p or bytes(KEY_BYTES) for p in req.parents))
     if req.op is Op.PUT:
         parts.append(struct.pack(f"<{len(keys)}I", *req.checksums))
+    if req.segments != 1:
+        parts.append(_SEGMENTS.pack(req.segments))
     return _seal(b"".join(parts))
 
 
@@ -179,11 +202,16 @@ def decode_request(data: memoryview) -> Request:
     if len(body) < _HEAD.size + KEY_BYTES:
         raise errors.InvalidArgumentError(f"request body of {len(body)} bytes is too short")
     op, num_keys, block_bytes, flags, request_id = _HEAD.unpack_from(body)
-    eager = bool(flags & _EAGER)
-    if op not in _OPS or flags & ~(_HAS_PARENTS | _EAGER) or (eager and op != Op.PUT):
+    eager, segmented = bool(flags & _EAGER), bool(flags & _SEGMENTED)
+    if (
+        op not in _OPS
+        or flags & ~(_HAS_PARENTS | _EAGER | _SEGMENTED)
+        or (eager and op != Op.PUT)
+        or (segmented and op != Op.GET)
+    ):
         raise errors.InvalidArgumentError(f"request has unknown op {op} or flags {flags}")
     has_parents = flags & _HAS_PARENTS
-    expected = _body_bytes(op, num_keys, bool(has_parents))
+    expected = _body_bytes(op, num_keys, bool(has_parents), segmented)
     if len(body) != expected:
         raise errors.InvalidArgumentError(
             f"request of {num_keys} keys needs {expected} bytes, got {len(body)}"
@@ -198,7 +226,15 @@ def decode_request(data: memoryview) -> Request:
     checksums: tuple[int, ...] = ()
     if op == Op.PUT:
         checksums = struct.unpack_from(f"<{num_keys}I", body, pos)
-    return Request(Op(op), request_id, namespace_id, keys, block_bytes, parents, checksums, eager)
+    segments = 1
+    if segmented:
+        (segments,) = _SEGMENTS.unpack_from(body, pos)
+        if segments < 2:  # one part is an unsegmented GET: said one way only
+            raise errors.InvalidArgumentError(f"a segmented GET of {segments} segments")
+        check_segments(num_keys, block_bytes, segments)
+    return Request(
+        Op(op), request_id, namespace_id, keys, block_bytes, parents, checksums, eager, segments
+    )
 
 
 def _keys_at(data: memoryview, pos: int, num: int) -> tuple[tuple[bytes, ...], int]:

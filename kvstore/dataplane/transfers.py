@@ -96,16 +96,20 @@ async def wait_all(posted: Sequence[Posted]) -> None:
 
 
 async def summed(
-    posted: Sequence[Posted], buffers: Sequence[Any], host_of: Callable[[Any], Any] = _same
+    posted: Sequence[Posted],
+    buffers: Sequence[Any],
+    host_of: Callable[[Any], Any] = _same,
+    crcs: Sequence[int] | None = None,
 ) -> list[int]:
     """Waits for posted receives and returns the CRC32C of each buffer, summed as it lands.
 
     Block i is summed (the checksum lets go of the GIL) while blocks i+1.. are still
     arriving, in posting order, which is nearly arrival order. `host_of(buffer)`: host
-    memory holding the buffer's bytes (a copy, for device memory).
+    memory holding the buffer's bytes (a copy, for device memory). `crcs`: the CRC32C of
+    what came before each buffer (its block's earlier parts), which each sum continues.
     """
     sums = []
-    for one, buf in zip(posted, buffers, strict=True):
+    for i, (one, buf) in enumerate(zip(posted, buffers, strict=True)):
         await wait_one(one)
-        sums.append(checksum(host_of(buf)))
+        sums.append(checksum(host_of(buf), crcs[i] if crcs is not None else 0))
     return sums

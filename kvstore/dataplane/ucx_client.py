@@ -124,7 +124,25 @@ class UcxClient(DataPlaneClient):
     ) -> concurrent.futures.Future[tuple[bool, ...]]:
         bufs = self._checked_buffers(keys, buffers, block_bytes, writable=True)
         req = Request(Op.GET, next(self._ids), namespace_id, tuple(keys), block_bytes)
-        return self._submit(self._get(req, bufs))
+        return self._submit(self._get(req, [bufs]))
+
+    def submit_get_parts(
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        parts: Sequence[Sequence[Any]],
+        block_bytes: int,
+        on_part: Callable[[int], None] | None = None,
+    ) -> concurrent.futures.Future[tuple[bool, ...]]:
+        frames.check_segments(len(keys), block_bytes, len(parts))
+        bufs = [
+            self._checked_buffers(keys, part, block_bytes // len(parts), writable=True)
+            for part in parts
+        ]
+        req = Request(
+            Op.GET, next(self._ids), namespace_id, tuple(keys), block_bytes, segments=len(parts)
+        )
+        return self._submit(self._get(req, bufs, on_part))
 
     def submit_put(
         self,
@@ -210,7 +228,13 @@ class UcxClient(DataPlaneClient):
             raise reply.error
         return reply
 
-    async def _get(self, req: Request, bufs: list[TransferBuffer]) -> tuple[bool, ...]:
+    async def _get(
+        self,
+        req: Request,
+        parts: list[list[TransferBuffer]],
+        on_part: Callable[[int], None] | None = None,
+    ) -> tuple[bool, ...]:
+        """`parts[s][i]`: where part s of key i lands (a single part: the whole block)."""
         tags = RequestTags.of(self._tags, req.request_id)
         posted = self._post_reply(tags.reply, len(req.keys))
         sent = self._send_request_with(req, [], [])
@@ -219,12 +243,21 @@ class UcxClient(DataPlaneClient):
         hits = [i for i, f in enumerate(reply.flags) if f]
         if any(f not in (0, 1) for f in reply.flags) or len(reply.checksums) != len(hits):
             raise errors.UnavailableError("data-plane get reply is malformed")
-        targets = [bufs[i] for i in hits]
+        num_keys = len(req.keys)
+        targets = [part[i] for part in parts for i in hits]
         receives = transfers.post_receives(
-            self._ep, [b.obj for b in targets], [tags.block(i) for i in hits]
+            self._ep,
+            [b.obj for b in targets],
+            [tags.block(s * num_keys + i) for s in range(len(parts)) for i in hits],
         )
-        # Each block is checked as it lands, while the later ones are still on their way.
-        sums = await transfers.summed(receives, targets, host_bytes)
+        # Each part is summed as it lands, while the later ones are still on their way; a
+        # block's sum continues over its parts in order and is whole with its last part.
+        sums = [0] * len(hits)
+        for s in range(len(parts)):
+            part = slice(s * len(hits), (s + 1) * len(hits))
+            sums = await transfers.summed(receives[part], targets[part], host_bytes, sums)
+            if on_part is not None:
+                on_part(s)
         found = [False] * len(req.keys)
         for i, crc, want in zip(hits, sums, reply.checksums, strict=True):
             found[i] = crc == want

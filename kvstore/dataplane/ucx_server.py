@@ -10,7 +10,8 @@ Per request (tags from the connection's `frames.Tags`):
 
     GET  client -> REQUEST; server leases, -> REPLY (found flags and each found block's
          CRC32C), -> BLOCK i per hit straight from the slot (the block's device copy when
-         the node has an HBM tier); the lease ends when every send has completed (the
+         the node has an HBM tier), or its parts in part-major order for a segmented GET
+         (`frames`); the lease ends when every send has completed (the
          client has the bytes) or the transfer deadline passes.
     PUT  client -> REQUEST (keys, parents, checksums); server reserves, posts a receive into
          each reserved slot, -> REPLY (statuses); client -> BLOCK i; the server sums each
@@ -40,6 +41,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from kvstore import errors
@@ -250,12 +252,10 @@ class UcxServer(DataPlaneServer):
             hits = [i for i, v in enumerate(lease.views) if v is not None]
             sums = tuple(lease.checksums[i] for i in hits)
             reply = Reply(frames.flags_of(lease.found), 0, req.block_bytes, checksums=sums)
-            blocks = [_sendable(lease.views[i]) for i in hits]
+            blocks, block_tags = _parts(lease.views, hits, tags, req)
             # The reply and every block, posted in one pass (`transfers`).
             sends = transfers.post_sends(
-                conn.ep,
-                [frames.encode_reply(reply), *blocks],
-                [tags.reply, *(tags.block(i) for i in hits)],
+                conn.ep, [frames.encode_reply(reply), *blocks], [tags.reply, *block_tags]
             )
             # The sends read the slots: they must end (or be cancelled) while the lease holds.
             deadline_s = min(self.timeout_s, 0.9 * self.store.config.lease_timeout_s)
@@ -348,6 +348,22 @@ class UcxServer(DataPlaneServer):
     def _abort_quietly(self, conn: Connection, rid: int) -> None:
         with contextlib.suppress(errors.KVStoreError):
             conn.store.abort(rid, conn.peer)
+
+
+def _parts(
+    views: Sequence[Any], hits: list[int], tags: RequestTags, req: Request
+) -> tuple[list[Any], list[int]]:
+    """What a GET sends after its reply, and under which tags: each found block whole, or,
+    for a segmented GET, part s of every found block before part s + 1 (`frames`)."""
+    if req.segments == 1:
+        return [_sendable(views[i]) for i in hits], [tags.block(i) for i in hits]
+    size, num_keys = req.block_bytes // req.segments, len(req.keys)
+    parts, part_tags = [], []
+    for s in range(req.segments):
+        for i in hits:
+            parts.append(_sendable(views[i][s * size : (s + 1) * size]))
+            part_tags.append(tags.block(s * num_keys + i))
+    return parts, part_tags
 
 
 def _sendable(view: Any) -> Any:
