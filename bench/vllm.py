@@ -188,20 +188,23 @@ def run(options: SuiteOptions) -> list[Row]:
 
 
 def _run_phases(model_dir: Path, model: str, doc_sizes: Sequence[int], workdir: Path) -> list[Row]:
-    """Per document size: a writer, then a fresh reader whose connector logs its phases."""
+    """Per document size: a writer, then per load mode a fresh reader whose connector logs
+    its phases."""
     kvstore = next(s for s in SYSTEMS if s.name == "kvstore")
     rows: list[Row] = []
-    with kvstore.serve(workdir) as server, progress_bar("vllm phases", len(doc_sizes)) as advance:
+    num_runs = len(doc_sizes) * len(vllm_phases.MODES)
+    with kvstore.serve(workdir) as server, progress_bar("vllm phases", num_runs) as advance:
         for n in doc_sizes:
             spec: dict[str, Any] = {"model": str(model_dir), "connector": "kvstore", **server}
             spec |= {"max_tokens": MAX_TOKENS, "max_model_len": n + 512}
             spec["max_num_batched_tokens"] = n + 512
             sessions = vllm_phases.sessions(n, QUESTION_LEN)
             _run_engine(kvstore, {**spec, "sessions": sessions["writer"]}, workdir, f"w{n}")
-            reader = {**spec, **vllm_phases.debug_spec(), "sessions": sessions["reader"]}
-            records = _run_engine(kvstore, reader, workdir, f"r{n}")
-            log_text = vllm_phases.read_log(workdir / f"r{n}.log")
-            rows += vllm_phases.phase_rows(records, log_text, n)
-            advance(1)
+            for mode in vllm_phases.MODES:
+                reader = {**spec, **vllm_phases.reader_spec(mode), "sessions": sessions["reader"]}
+                records = _run_engine(kvstore, reader, workdir, f"r{n}-{mode}")
+                log_text = vllm_phases.read_log(workdir / f"r{n}-{mode}.log")
+                rows += vllm_phases.phase_rows(records, log_text, n, mode)
+                advance(1)
     del model
     return rows

@@ -1,12 +1,14 @@
 """`kvstore-bench vllm --phases`: where the time of the kvstore connector's loads goes.
 
-A writer process serves documents A and B (publishing their blocks); then a fresh reader
-process, its connector logging at debug level, asks A (its first load: every fixed cost of
-a fresh process), B (a later load) and A again (served from vLLM's own prefix cache: the
-baseline of the effective load bandwidth). One row per reader request: TTFT, the
-connector's phases (`event=match_phases` on the scheduler side, `event=load_phases` on the
-worker side), the rest of the TTFT (vLLM's scheduling and the forward pass) and the
-bandwidth of the load alone and of the TTFT over the baseline.
+A writer process serves documents A and B (publishing their blocks); then, for each load
+mode (`MODES`), a fresh reader process, its connector logging at debug level and publishing
+nothing, asks A (its first load: every fixed cost of a fresh process), B (a later load)
+and A again (served from vLLM's own prefix cache: the baseline of the effective load
+bandwidth). One row per reader request: TTFT, the connector's phases (`event=match_phases`
+on the scheduler side, `event=load_phases` on the worker side), the rest of the TTFT
+(vLLM's scheduling and the forward pass) and the bandwidth of the load alone and of the
+TTFT over the baseline. A load by layer runs beside the forward pass: its phases are its
+critical path only (`wait` for a layer, `transfer` after the forward).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from bench.report import Row
 
 PHASE_FIELD = re.compile(r"(\w+)_ms=([\d.]+)")
 ORDER = ("A (first load)", "B (later load)", "A (vLLM's own cache)")
+MODES = ("staged", "by_layer")  # the connector's `load_by_layer` off and on
 
 
 def sessions(doc_tokens: int, question_len: int, seed: int = 1) -> dict[str, list[dict]]:
@@ -49,7 +52,9 @@ def parse_phases(log_text: str, event: str) -> dict[str, dict[str, float]]:
     return phases
 
 
-def phase_rows(records: list[dict[str, Any]], log_text: str, doc_tokens: int) -> list[Row]:
+def phase_rows(
+    records: list[dict[str, Any]], log_text: str, doc_tokens: int, mode: str = "staged"
+) -> list[Row]:
     """One row per reader request: TTFT and the phases that account for it."""
     matches = parse_phases(log_text, "match_phases")
     loads = parse_phases(log_text, "load_phases")
@@ -60,9 +65,10 @@ def phase_rows(records: list[dict[str, Any]], log_text: str, doc_tokens: int) ->
         ttft_ms = rec["ttft_s"] * 1e3
         load, match = loads.get(req, {}), matches.get(req, {})
         accounted = load.get("total", 0.0) + match.get("total", 0.0)
-        row: Row = {"doc_tokens": doc_tokens, "request": name, "ttft_ms": round(ttft_ms, 1)}
+        row: Row = {"doc_tokens": doc_tokens, "mode": mode, "request": name}
+        row["ttft_ms"] = round(ttft_ms, 1)
         row |= {f"sched_{k}_ms": round(match.get(k, 0.0), 2) for k in ("keys", "match")}
-        for phase in ("connect", "submit", "transfer", "scatter"):
+        for phase in ("connect", "submit", "wait", "transfer", "scatter"):
             row[f"{phase}_ms"] = round(load.get(phase, 0.0), 2)
         row["rest_ms"] = round(ttft_ms - accounted, 1)
         row["load_mib"] = round(load.get("bytes", 0.0) / 2**20, 1)
@@ -77,9 +83,11 @@ def _gbps(num_bytes: float, ms: float) -> float | None:
     return round(num_bytes / (ms / 1e3) / 1e9, 3) if num_bytes and ms > 0 else None
 
 
-def debug_spec() -> dict[str, Any]:
-    """Spec keys that make the reader's connector log its phases."""
-    return {"connector_extra": {"kvstore.log_level": "DEBUG"}}
+def reader_spec(mode: str) -> dict[str, Any]:
+    """Spec keys of a reader: its connector loads in `mode`, logs its phases and publishes
+    nothing (so each reader finds what the writer left, no more)."""
+    extra = {"kvstore.log_level": "DEBUG", "kvstore.save": False}
+    return {"connector_extra": extra | {"kvstore.load_by_layer": mode == "by_layer"}}
 
 
 def read_log(path: Path) -> str:

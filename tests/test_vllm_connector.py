@@ -14,8 +14,11 @@ import pytest
 if not os.environ.get("KVSTORE_REQUIRE_VLLM"):
     pytest.importorskip("vllm")
 
-from bench.vllm_model import build_model
+from bench.vllm_model import SIZES, build_model
 from kvstore.client import Client
+from kvstore.keys import KVLayout, Namespace, block_keys
+from kvstore.server import EmbeddedServer, ServerConfig
+from kvstore.store import StoreConfig
 from tests.conftest import free_port
 from tests.vllm_fixtures import corrupt_ssd_blocks, prompt_tokens, run_vllm
 
@@ -44,6 +47,13 @@ def reference(model: str, tmp_path_factory: pytest.TempPathFactory) -> list[int]
     return run.outputs[0]
 
 
+def _namespace(model: str) -> Namespace:
+    """The namespace the connector names the tiny model's blocks by (`namespace_for`)."""
+    shape = SIZES["tiny"]
+    layout = KVLayout("float32", shape.layers, shape.kv_heads, shape.hidden // shape.heads, BLOCK)
+    return Namespace(f"vllm/cpu/{model}", layout)
+
+
 def _kvstore(model: str, address: str, *sessions: dict) -> dict:
     return {"model": model, "connector": "kvstore", "store": address, "sessions": list(sessions)}
 
@@ -51,7 +61,8 @@ def _kvstore(model: str, address: str, *sessions: dict) -> dict:
 def test_fresh_process_loads_prefix_another_stored_and_recomputes_corrupt_blocks(
     model, reference, store_factory, tmp_path
 ):
-    """One writer process, then two fresh readers: one loads, one finds the blocks corrupt.
+    """One writer process, then two fresh readers: one loads (layer by layer, straight into
+    vLLM's pages), one (staged, through the load pool) finds the blocks corrupt.
 
     The store's DRAM holds the prefix's 10 blocks, and watermarks near zero demote them all
     to SSD, so the loads come from SSD and a restart keeps them.
@@ -65,7 +76,6 @@ def test_fresh_process_loads_prefix_another_stored_and_recomputes_corrupt_blocks
     assert first.cached_tokens == [0]
     assert first.outputs == [reference]
     assert "event=publish_stats published=10 dropped=0 failed=0" in first.log
-    # Four staging blocks: the 10 blocks land in 5 chunks of 2, pipelined with the copies.
     spec = _kvstore(model, store.address, {"turns": [PROMPT]}, {"turns": [PROMPT], "salt": "b"})
     spec["connector_extra"] = {"kvstore.load_buffers": 4, "kvstore.log_level": "DEBUG"}
     second = run_vllm(tmp_path, "second", **spec)
@@ -73,15 +83,45 @@ def test_fresh_process_loads_prefix_another_stored_and_recomputes_corrupt_blocks
     assert second.outputs == [reference, reference]
     assert "event=load_incomplete" not in second.log
     assert re.search(r"event=load_warm_up connect_ms=\S+ stage_ms=\S+ .* bytes=131072 ", second.log)
-    assert re.search(r"event=load_phases req=s0t0\S* connect_ms=.* blocks=10 ", second.log)
+    load = r"event=load_phases req=s0t0\S* mode=by_layer connect_ms=.* transfer_ms=.* blocks=10 "
+    assert re.search(load, second.log)
+    assert "scatter_ms" not in second.log  # no staging: straight into the pages
     assert re.search(r"event=load_stats loads=1 .* blocks=10 ", second.log)
 
     assert store.stop() == 0
     assert corrupt_ssd_blocks(ssd) > 0
     store = store_factory(*flags)
-    third = run_vllm(tmp_path, "third", **_kvstore(model, store.address, {"turns": [PROMPT]}))
+    # Four staging blocks: the blocks land in chunks of 2, pipelined with the copies.
+    spec = _kvstore(model, store.address, {"turns": [PROMPT]})
+    spec["connector_extra"] = {"kvstore.load_by_layer": False, "kvstore.load_buffers": 4}
+    third = run_vllm(tmp_path, "third", **spec)
     assert third.outputs == [reference]
     assert "event=load_incomplete" in third.log
+
+
+def test_a_block_failing_its_checksum_after_the_forward_read_it_never_yields_a_token(
+    model, reference, tmp_path
+):
+    """Layer by layer, a block's CRC32C is known only once its last layer is in, after the
+    forward pass has read its first layers: the connector reports it failed after the
+    step, vLLM drops that step's output and recomputes from the block, and the output is
+    the reference. The node is in this process, to flip a byte of a block's last layer."""
+    store_config = StoreConfig(dram_bytes=64 << 20, slab_bytes=1 << 20)
+    node = EmbeddedServer(store_config, ServerConfig(port=0))
+    with node:
+        writer = run_vllm(tmp_path, "writer", **_kvstore(model, node.address, {"turns": [PROMPT]}))
+        assert writer.outputs == [reference]
+        ns = _namespace(model)
+        keys = block_keys(ns, PROMPT)[:10]
+        assert all(node.store.has_key(ns.id, k) for k in keys), "the writer published them"
+        lease = node.store.acquire(ns.id, [keys[5]])
+        lease.views[0][-1] ^= 0xFF  # block 5's last layer, behind the store's back
+        node.store.release(lease.lease_id)
+        reader = run_vllm(tmp_path, "reader", **_kvstore(model, node.address, {"turns": [PROMPT]}))
+    assert reader.outputs == [reference]
+    assert "event=ucx_checksum_failure" in reader.log
+    assert re.search(r"event=load_incomplete req=s0t0\S* loaded=5 failed=5", reader.log)
+    assert "Recovered from KV load failure: 1 request(s) rescheduled" in reader.log
 
 
 def test_store_down_recomputes_and_says_so(model, reference, tmp_path):

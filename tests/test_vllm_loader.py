@@ -10,10 +10,14 @@ from tests.conftest import require_extra
 torch = require_extra("torch")
 
 from kvstore.client import Client  # noqa: E402
+from kvstore.integrations import vllm_layer_load  # noqa: E402
 from kvstore.integrations.vllm_blocks import PagedBlocks  # noqa: E402
 from kvstore.integrations.vllm_loader import BlockLoader  # noqa: E402
 from kvstore.integrations.vllm_plan import RequestBlocks  # noqa: E402
 from kvstore.keys import KVLayout, Namespace  # noqa: E402
+from kvstore.server import EmbeddedServer, ServerConfig  # noqa: E402
+from kvstore.store import StoreConfig  # noqa: E402
+from tests.conftest import wait_no_leases  # noqa: E402
 
 LAYERS, KV_HEADS, BLOCK, HEAD_DIM, NUM_PAGES = 3, 2, 4, 8, 16
 NS = Namespace("vllm/cpu/loader-test", KVLayout("float32", LAYERS, KV_HEADS, HEAD_DIM, BLOCK))
@@ -106,3 +110,105 @@ def test_a_store_gone_mid_session_is_an_error_with_nothing_loaded(store_factory)
     assert result.num_loaded == 0
     assert result.error is not None
     assert not any(t.any() for t in dst_tensors)
+
+
+# -- layer by layer, straight into the pages ------------------------------------------------
+
+
+def _layer_load_of(client: Client, dst: PagedBlocks, blocks: RequestBlocks, num: int):
+    layer_load = BlockLoader(client, dst, 2, by_layer=True).start_layers(blocks.transfer(0, num))
+    assert layer_load is not None, "the CPU layout over the data plane loads by layer"
+    return layer_load
+
+
+@pytest.mark.parametrize("tagged_parts", [1 << 16, 2 * LAYERS])  # one GET; two blocks a GET
+def test_a_load_by_layer_lands_each_layer_of_every_block_before_its_wait_returns(
+    store, monkeypatch, tagged_parts
+):
+    """Each `wait_layer(s)` returns with layer s of every block in its page; `finish`
+    counts them all; every other page is untouched (no staging, no scatter)."""
+    monkeypatch.setattr(vllm_layer_load, "MAX_TAGGED_PARTS", tagged_parts)
+    src_tensors, dst_tensors = _pages(2), _pages(None)
+    src, dst = PagedBlocks(src_tensors, NUM_PAGES), PagedBlocks(dst_tensors, NUM_PAGES)
+    src_pages, dst_pages = [3, 1, 7, 0, 9], [15, 2, 4, 8, 6]
+    blocks = _request(len(src_pages), dst_pages)
+    with Client(store.address, transport="ucx") as client:
+        client.register_namespace(NS)
+        _publish(client, src, blocks, src_pages)
+        layer_load = _layer_load_of(client, dst, blocks, len(src_pages))
+        for layer in range(LAYERS):
+            layer_load.wait_layer(layer)
+            pairs = zip(src_pages, dst_pages, strict=True)
+            assert all(torch.equal(src_tensors[layer][s], dst_tensors[layer][d]) for s, d in pairs)
+        result = layer_load.finish()
+        wait_no_leases(client)
+    assert (result.num_loaded, result.error) == (len(src_pages), None)
+    assert result.phases.num_bytes == len(src_pages) * dst.block_bytes
+    assert {"connect", "submit", "transfer"} <= set(result.phases.seconds)
+    pairs = zip(src_pages, dst_pages, strict=True)
+    assert all(_same_block(src_tensors, s, dst_tensors, d) for s, d in pairs)
+    untouched = set(range(NUM_PAGES)) - set(dst_pages)
+    assert all(not t[p].any() for t in dst_tensors for p in untouched)
+
+
+@pytest.mark.parametrize("damage", ["removed", "corrupted"])
+def test_a_load_by_layer_counts_only_the_whole_prefix(damage):
+    """A block evicted since the match, or one whose bytes fail their CRC32C (found only
+    once its last layer is in): the load counts the blocks before it, and vLLM is told the
+    rest failed (it recomputes them and drops what the forward made of them)."""
+    src_tensors, dst_tensors = _pages(3), _pages(None)
+    src, dst = PagedBlocks(src_tensors, NUM_PAGES), PagedBlocks(dst_tensors, NUM_PAGES)
+    blocks = _request(5, [10, 11, 12, 13, 14])
+    store_config = StoreConfig(dram_bytes=16 << 20, slab_bytes=1 << 20)
+    node = EmbeddedServer(store_config, ServerConfig(port=0))
+    with node, Client(node.address, transport="ucx") as client:
+        client.register_namespace(NS)
+        _publish(client, src, blocks, [0, 1, 2, 3, 4])
+        if damage == "removed":
+            client.remove(NS.id, [blocks.keys[2]])
+        else:  # a byte of its last layer, flipped behind the store's back
+            lease = node.store.acquire(NS.id, blocks.keys[2:3])
+            lease.views[0][-1] ^= 0xFF
+            node.store.release(lease.lease_id)
+        layer_load = _layer_load_of(client, dst, blocks, 5)
+        for layer in range(LAYERS):
+            layer_load.wait_layer(layer)
+        result = layer_load.finish()
+        assert client.data_plane().checksum_failures == (damage == "corrupted")
+    assert (result.num_loaded, result.error) == (2, None)
+    assert all(_same_block(src_tensors, i, dst_tensors, 10 + i) for i in range(2))
+
+
+def test_a_load_by_layer_from_a_store_gone_ends_every_wait_with_nothing_loaded(store_factory):
+    store = store_factory("--dram-bytes", "16MiB")
+    dst = PagedBlocks(_pages(None), NUM_PAGES)
+    blocks = _request(4, [0, 1, 2, 3])
+    with Client(store.address, timeout_s=2.0, transport="ucx") as client:
+        client.register_namespace(NS)
+        client.data_plane()  # connected before the store goes
+        assert store.stop() == 0
+        layer_load = _layer_load_of(client, dst, blocks, 4)
+        for layer in range(LAYERS):
+            layer_load.wait_layer(layer)  # returns: the load has failed
+        result = layer_load.finish()
+    assert result.num_loaded == 0 and result.error is not None
+
+
+def test_layouts_and_paths_that_cannot_load_by_layer_say_so(store):
+    """Over gRPC, with by_layer off, or with a layer's blocks not contiguous (the flash
+    layout's K and V planes), `start_layers` is None: the loader's staged `load` is used."""
+    blocks = _request(2, [0, 1])
+    cpu = PagedBlocks(_pages(None), NUM_PAGES)
+    flash = PagedBlocks(
+        [torch.zeros(2, NUM_PAGES, BLOCK, KV_HEADS, HEAD_DIM) for _ in range(LAYERS)], NUM_PAGES
+    )
+    with Client(store.address, transport="grpc") as grpc_client:
+        assert (
+            BlockLoader(grpc_client, cpu, 2, by_layer=True).start_layers(blocks.transfer(0, 2))
+            is None
+        )
+    with Client(store.address, transport="ucx") as client:
+        client.register_namespace(NS)
+        for paged, by_layer in ((cpu, False), (flash, True)):
+            loader = BlockLoader(client, paged, 2, by_layer=by_layer)
+            assert loader.start_layers(blocks.transfer(0, 2)) is None

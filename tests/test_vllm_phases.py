@@ -47,12 +47,12 @@ def _lapped(name: str, seconds: float, num_blocks: int, num_bytes: int):
     return clock.done(num_blocks, num_bytes)
 
 
-def test_config_reads_load_buffers_and_log_level():
+def test_config_reads_load_buffers_load_by_layer_and_log_level():
     config = ConnectorConfig.from_extra_config(
-        {"kvstore.load_buffers": "8", "kvstore.log_level": "debug"}
+        {"kvstore.load_buffers": "8", "kvstore.log_level": "debug", "kvstore.load_by_layer": "0"}
     )
-    assert (config.load_buffers, config.log_level) == (8, "debug")
-    assert ConnectorConfig().load_buffers == 128
+    assert (config.load_buffers, config.log_level, config.load_by_layer) == (8, "debug", False)
+    assert (ConnectorConfig().load_buffers, ConnectorConfig().load_by_layer) == (128, True)
     for bad in ({"kvstore.load_buffers": "3"}, {"kvstore.load_buffers": "0"}):
         with pytest.raises(InvalidArgumentError, match="load_buffers"):
             ConnectorConfig.from_extra_config(bad)
@@ -64,11 +64,11 @@ LOG = """\
 INFO event=kv_caches_registered layers=8
 DEBUG event=match_phases req=s0t0-1f2e keys_ms=1.50 match_ms=2.50 total_ms=4.00 \
 blocks=4 bytes=0 gbps=0
-DEBUG event=load_phases req=s0t0 connect_ms=0.01 submit_ms=0.20 transfer_ms=30.00 \
+DEBUG event=load_phases req=s0t0 mode=staged connect_ms=0.01 submit_ms=0.20 transfer_ms=30.00 \
 scatter_ms=9.79 total_ms=40.00 blocks=4 bytes=40000000 gbps=1.000
 DEBUG event=match_phases req=s1t0 keys_ms=0.50 match_ms=1.50 total_ms=2.00 blocks=4 bytes=0 gbps=0
-DEBUG event=load_phases req=s1t0 connect_ms=0.00 submit_ms=0.10 transfer_ms=15.00 \
-scatter_ms=4.90 total_ms=20.00 blocks=4 bytes=40000000 gbps=2.000
+DEBUG event=load_phases req=s1t0 mode=by_layer connect_ms=0.00 submit_ms=0.10 wait_ms=4.90 \
+transfer_ms=15.00 total_ms=20.00 blocks=4 bytes=40000000 gbps=2.000
 DEBUG event=match_phases req=s2t0 keys_ms=0.50 match_ms=0.00 total_ms=0.50 blocks=0 bytes=0 gbps=0
 """
 
@@ -92,6 +92,7 @@ def test_phase_rows_account_for_each_request_and_its_bandwidths():
     assert first["load_gbps"] == 1.0
     assert first["effective_gbps"] == 0.8  # 40 MB over 100 - 50 ms
     assert later["effective_gbps"] == 2.0
+    assert (later["wait_ms"], later["scatter_ms"]) == (4.9, 0.0)  # by layer: no scatter
     assert (own["load_mib"], own["effective_gbps"]) == (0.0, None)
 
 

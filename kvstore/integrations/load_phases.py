@@ -43,6 +43,15 @@ class LoadPhases(NamedTuple):
         return " ".join(parts)
 
 
+class LoadResult(NamedTuple):
+    """How many blocks of a load, from the first, are in the paged cache; its phases; the
+    error that cut it short (None when every block was found or only some were missed)."""
+
+    num_loaded: int
+    phases: LoadPhases
+    error: BaseException | None
+
+
 @dataclass
 class PhaseClock:
     """Laps of one load: each `lap(name)` adds the time since the previous lap to `name`."""

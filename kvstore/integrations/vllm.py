@@ -12,9 +12,10 @@ Enable it with one setting (see README, "Use with vLLM")::
 Scheduler side: hashes each prompt's full blocks into kvstore keys (namespace: model,
 KV layout, block size; the request's `cache_salt` as tenant salt), asks the store for the
 longest stored prefix and plans loads and saves. Worker side: loads planned blocks into
-vLLM's paged cache before the forward pass (`vllm_loader.BlockLoader`: its fixed costs, the
-data-plane connection and a touched staging pool, are paid at start-up; a load's phases are
-logged at debug level, `event=load_phases`, and totalled at shutdown, `event=load_stats`)
+vLLM's paged cache (`vllm_loader.BlockLoader`: its fixed costs, the data-plane connection
+and a touched staging pool, are paid at start-up; where the layout allows, straight into
+the pages, layer by layer while the forward pass runs, `vllm_layer_load`; a load's phases
+are logged at debug level, `event=load_phases`, and totalled at shutdown, `event=load_stats`)
 and publishes newly computed prompt blocks
 after it through `kvstore.publishing.BlockPublisher`: one copy into a bounded pool of host
 staging blocks, then a background thread puts them. When the pool is full, blocks are
@@ -42,9 +43,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from kvstore.client import Client
 from kvstore.errors import KVStoreError
-from kvstore.integrations.load_phases import PhaseClock, PhaseTotals
+from kvstore.integrations.load_phases import LoadResult, PhaseClock, PhaseTotals
 from kvstore.integrations.vllm_blocks import PagedBlocks
 from kvstore.integrations.vllm_config import ConnectorConfig
+from kvstore.integrations.vllm_layer_load import LayerLoad
 from kvstore.integrations.vllm_loader import BlockLoader
 from kvstore.integrations.vllm_plan import (
     BlockTransfer,
@@ -143,6 +145,8 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._paged: PagedBlocks | None = None
         self._loader: BlockLoader | None = None
         self._failed_block_ids: set[int] = set()
+        self._layer_index: dict[str, int] = {}  # layer name -> its part of a store block
+        self._layer_loads: list[LayerLoad] = []  # this step's loads still landing
         self._publisher: BlockPublisher | None = None
         self._load_totals = PhaseTotals()
         if role == KVConnectorRole.SCHEDULER:
@@ -277,6 +281,7 @@ class KVStoreConnector(KVConnectorBase_V1):
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         num_blocks = self._kv_cache_config.num_blocks
         paged = self._paged = PagedBlocks(list(kv_caches.values()), num_blocks)
+        self._layer_index = {name: i for i, name in enumerate(kv_caches)}
         self._warm_up_loads(paged)
         if self.config.save:
             block_shape = (len(paged.layers), paged.layer_elems)
@@ -294,7 +299,9 @@ class KVStoreConnector(KVConnectorBase_V1):
 
     def _warm_up_loads(self, paged: PagedBlocks) -> None:
         """Pays a load's fixed costs now: the data plane and the staging pool."""
-        self._loader = BlockLoader(self._client, paged, self.config.load_buffers)
+        self._loader = BlockLoader(
+            self._client, paged, self.config.load_buffers, self.config.load_by_layer
+        )
         warm_up = namespace_for(self._vllm_config, WARM_UP_MODEL_ID, None)
         try:
             self._client.register_namespace(warm_up)
@@ -305,21 +312,33 @@ class KVStoreConnector(KVConnectorBase_V1):
         log.info("event=load_warm_up %s", phases.log_fields())
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-        """Loads every planned block before the forward pass (synchronously)."""
+        """Starts every planned load: layer by layer beside the forward pass where the
+        layout allows (`wait_for_layer_load` holds each layer's attention until its layer
+        is in), else before the forward pass."""
+        self._finish_layer_loads()  # a step whose loads nobody finished (none expected)
         meta = self._get_connector_metadata()
         assert isinstance(meta, KVStoreConnectorMetadata)
         for load in meta.loads:
-            self._load(load)
+            assert self._loader is not None, "register_kv_caches was not called"
+            layer_load = self._loader.start_layers(load)
+            if layer_load is not None:
+                self._layer_loads.append(layer_load)
+            else:
+                self._account(load, self._loader.load(load), "staged")
 
-    def _load(self, load: BlockTransfer) -> None:
-        assert self._loader is not None, "register_kv_caches was not called"
-        result = self._loader.load(load)
+    def _finish_layer_loads(self) -> None:
+        loads, self._layer_loads = self._layer_loads, []
+        for layer_load in loads:
+            self._account(layer_load.transfer, layer_load.finish(), "by_layer")
+
+    def _account(self, load: BlockTransfer, result: LoadResult, mode: str) -> None:
         if result.error is not None:
             log.warning(
                 "event=load_failed req=%s error=%s", load.req_id, type(result.error).__name__
             )
         self._load_totals.add(result.phases)
-        log.debug("event=load_phases req=%s %s", load.req_id, result.phases.log_fields())
+        fields = result.phases.log_fields()
+        log.debug("event=load_phases req=%s mode=%s %s", load.req_id, mode, fields)
         if result.num_loaded < len(load.keys):
             # A chain with a hole is unusable past it: vLLM recomputes from the first miss.
             self._failed_block_ids.update(load.block_ids[result.num_loaded :])
@@ -331,7 +350,11 @@ class KVStoreConnector(KVConnectorBase_V1):
             )
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return  # start_load_kv finished every load before the forward pass
+        layer = self._layer_index.get(layer_name)
+        if layer is None:  # a layer of no registered KV cache: nothing of it is loaded
+            return
+        for layer_load in self._layer_loads:
+            layer_load.wait_layer(layer)
 
     def save_kv_layer(
         self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any
@@ -379,11 +402,15 @@ class KVStoreConnector(KVConnectorBase_V1):
         log.debug("event=saved req=%s blocks=%d result=%s", save.req_id, len(keys), result)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
+        """After the forward pass: the blocks of this step's loads that did not arrive
+        whole (vLLM drops the step's output of their requests and recomputes them)."""
+        self._finish_layer_loads()
         failed, self._failed_block_ids = self._failed_block_ids, set()
         return failed
 
     def shutdown(self) -> None:
-        """Finishes the queued publishes, then closes the store connection."""
+        """Finishes the loads and queued publishes, then closes the store connection."""
+        self._finish_layer_loads()
         if self._load_totals.num_loads:
             log.info("event=load_stats %s", self._load_totals.log_fields())
         if self._publisher is not None:

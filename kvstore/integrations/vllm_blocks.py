@@ -45,6 +45,14 @@ class PagedBlocks:
         assert all(t[0].numel() == self.layer_elems for t in self.layers), "uneven layers"
         self._flat = [_flat_view(t) for t in self.layers]
 
+    def layer_rows(self) -> list[np.ndarray] | None:
+        """Per layer, a uint8 view (num_blocks, layer bytes) of the paged cache whose row b
+        is that layer's part of block b, where every layer keeps it contiguous in host
+        memory (the CPU layout); None where not (device memory, the flash layout)."""
+        if self.layers[0].device.type != "cpu" or any(f is None for f in self._flat):
+            return None
+        return [f.view(torch.uint8).numpy() for f in self._flat if f is not None]
+
     @property
     def block_elems(self) -> int:
         return self.layer_elems * len(self.layers)

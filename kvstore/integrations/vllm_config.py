@@ -35,6 +35,9 @@ class ConnectorConfig:
         load_buffers: host staging blocks for loads (allocated and touched at start, each
             one store block, even): a load lands half of them at a time while the other
             half is copied into vLLM's pages.
+        load_by_layer: where the layout allows (vLLM's CPU pages, over the data plane),
+            load straight into vLLM's pages layer by layer while the forward pass runs
+            (`vllm_layer_load`); else, and when false, load before the forward pass.
         auth_token_file: file holding the token the store knows this server by (a store
             started with --auth-token-file refuses calls without one).
         tls_ca: PEM CA of the store's certificate: reach it over TLS.
@@ -49,6 +52,7 @@ class ConnectorConfig:
     save: bool = True
     publish_buffers: int = 512
     load_buffers: int = 128
+    load_by_layer: bool = True
     auth_token_file: str = ""
     tls_ca: str = ""
     log_level: str = ""
@@ -78,8 +82,9 @@ class ConnectorConfig:
         unknown = sorted(set(fields) - set(cls.__dataclass_fields__))
         if unknown:
             raise InvalidArgumentError(f"unknown kvstore connector settings: {unknown}")
-        if "save" in fields:
-            fields["save"] = str(fields["save"]).lower() not in ("0", "false", "no")
+        for name in ("save", "load_by_layer"):
+            if name in fields:
+                fields[name] = str(fields[name]).lower() not in ("0", "false", "no")
         for name, convert in _NUMBERS.items():
             if name in fields:
                 try:

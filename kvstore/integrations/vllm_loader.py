@@ -13,9 +13,9 @@ k+1 is already landing in the other half.
     time:  get 0 | get 1        | get 2 ...
                  | scatter 0    | scatter 1 ...
 
-A store block holds every layer of its tokens, so a block is usable only once all of it
-has landed: layers cannot arrive one by one without a different block layout (one key per
-layer and block) or a transport that scatters one block into several buffers.
+Where vLLM's pages keep each layer's part of a block contiguous in host memory (its CPU
+layout), `start_layers` does better: no staging and no scatter, the blocks land straight in
+the pages, layer by layer, while the forward pass runs (`vllm_layer_load`).
 """
 
 from __future__ import annotations
@@ -31,23 +31,16 @@ import torch
 
 from kvstore.client import Client
 from kvstore.errors import NotFoundError
-from kvstore.integrations.load_phases import LoadPhases, PhaseClock
+from kvstore.integrations.load_phases import LoadPhases, LoadResult, PhaseClock
 from kvstore.integrations.loaded_prefix import loaded_prefix_len
 from kvstore.integrations.vllm_blocks import PagedBlocks
+from kvstore.integrations.vllm_layer_load import LayerLoad
 from kvstore.integrations.vllm_plan import BlockTransfer
 from kvstore.keys import KEY_BYTES
 
 Found = concurrent.futures.Future[tuple[bool, ...]]
 WARM_UP_IN_FLIGHT = 8  # gets at once; ucxx warns when many more wait on its futures pool
-
-
-class LoadResult(NamedTuple):
-    """How many blocks of a load, from the first, are in the paged cache; its phases; the
-    error that cut it short (None when every block was found or only some were missed)."""
-
-    num_loaded: int
-    phases: LoadPhases
-    error: BaseException | None
+LAYER_WAIT_MARGIN_S = 5.0  # a layer wait outlasts the data plane's deadline by this much
 
 
 class _Chunk(NamedTuple):
@@ -63,9 +56,12 @@ class BlockLoader:
         client: the store client (its data plane, or its gRPC path where it has none).
         paged: vLLM's paged KV tensors.
         num_buffers: staging blocks (even, >= 2); a chunk is half of them.
+        by_layer: let `start_layers` load layer by layer where the layout allows.
     """
 
-    def __init__(self, client: Client, paged: PagedBlocks, num_buffers: int) -> None:
+    def __init__(
+        self, client: Client, paged: PagedBlocks, num_buffers: int, by_layer: bool = False
+    ) -> None:
         assert num_buffers >= 2 and num_buffers % 2 == 0, "the pool is two equal halves"
         self._client = client
         self._paged = paged
@@ -73,6 +69,24 @@ class BlockLoader:
         self._pool = paged.empty(num_buffers)  # (num_buffers, layers, layer_elems)
         self._buffers = PagedBlocks.as_buffers(self._pool)  # one uint8 view per block
         self._is_cuda = paged.layers[0].is_cuda
+        self._layer_rows = paged.layer_rows() if by_layer else None
+
+    def start_layers(self, transfer: BlockTransfer) -> LayerLoad | None:
+        """Starts `transfer` straight into vLLM's pages, layer by layer, beside the forward
+        pass (`vllm_layer_load`), where the path and the layout allow: the data plane, and
+        host pages that keep each layer's part of a block contiguous. None elsewhere: then
+        `load`, before the forward pass."""
+        if self._layer_rows is None:
+            return None
+        clock = PhaseClock()
+        dataplane = self._client.data_plane()
+        clock.lap("connect")
+        if dataplane is None:
+            return None
+        wait_s = self._client.timeout_s + LAYER_WAIT_MARGIN_S
+        return LayerLoad(
+            dataplane, transfer, self._layer_rows, self._paged.block_bytes, wait_s, clock
+        )
 
     def warm_up(self, namespace_id: bytes | None = None) -> LoadPhases:
         """Connects the data plane, touches every staging page and, given a registered
