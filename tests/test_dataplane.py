@@ -171,6 +171,18 @@ def test_get_in_parts_lands_each_part_in_its_own_buffer_part_by_part(ucx):
     wait_no_leases(ucx)
 
 
+def test_a_batch_larger_than_ucxx_futures_pool_posts_without_refill_warnings(ucx, capfd):
+    """ucxx hands each request a future from a pool of 100 and warns (from C++, on stderr)
+    whenever a post finds it empty; a batch tops it up as it posts (`transfers._post`)."""
+    keys, blocks = _chain(40, seed=13), _blocks(40, seed=13)
+    ucx.put_chain(NS.id, keys, blocks)
+    parts = [[np.zeros(NS.block_bytes // 8, np.uint8) for _ in keys] for _ in range(8)]
+    found = ucx.data_plane().submit_get_parts(NS.id, keys, parts, NS.block_bytes)
+    assert found.result(timeout=10) == (True,) * 40  # 320 receives, posted in one pass
+    out = capfd.readouterr()
+    assert "No Futures available" not in out.err + out.out  # UCX logs to stdout
+
+
 @pytest.mark.parametrize("num_parts", [0, 3, 1 << 14])
 def test_get_in_parts_that_do_not_fit_is_refused(ucx, num_parts):
     """Parts must divide the block and be told apart by their tags (keys x parts <= 2^16)."""

@@ -20,6 +20,8 @@ from typing import Any, NamedTuple
 
 from kvstore.checksum import checksum
 
+REFILL_EVERY = 50  # posts between top-ups of ucxx's futures pool (`_post`)
+
 
 class Posted(NamedTuple):
     """A posted UCX request and the buffer it reads or writes (kept alive with it)."""
@@ -63,20 +65,35 @@ def _posted(request: Any, buffer: Any) -> Posted:
     return Posted(request, buffer)
 
 
+def _post(ep: Any, post: Callable[[Any, int], Any], buffers: Sequence[Any]) -> list[Posted]:
+    """`post(array, i)` per buffer. Each UCX request takes a future from the worker's pool,
+    which holds 100 and refills only when under 50 (ucxx's `populateFuturesPool`); an empty
+    pool fills itself with a warning per refill. A batch tops it up every REFILL_EVERY."""
+    array, _, _ = _api()
+    worker = ep._ctx.worker  # ucxx keeps it private; its notifier thread refills it alike
+    posted = []
+    for i, buf in enumerate(buffers):
+        if i % REFILL_EVERY == 0:
+            worker.populate_python_futures_pool()
+        a = array(buf)
+        posted.append(_posted(post(a, i), a))
+    return posted
+
+
 def post_sends(ep: Any, buffers: Sequence[Any], tags: Sequence[int]) -> list[Posted]:
     """Posts one tagged send per buffer (`buffers[i]` under `tags[i]`)."""
-    array, tag, _ = _api()
+    assert len(buffers) == len(tags), f"{len(buffers)} buffers for {len(tags)} tags"
+    _, tag, _ = _api()
     ucx_ep = _endpoint(ep)
-    arrays = [array(b) for b in buffers]
-    return [_posted(ucx_ep.tag_send(a, tag(t)), a) for a, t in zip(arrays, tags, strict=True)]
+    return _post(ep, lambda a, i: ucx_ep.tag_send(a, tag(tags[i])), buffers)
 
 
 def post_receives(ep: Any, buffers: Sequence[Any], tags: Sequence[int]) -> list[Posted]:
     """Posts one tagged receive per buffer."""
-    array, tag, mask = _api()
+    assert len(buffers) == len(tags), f"{len(buffers)} buffers for {len(tags)} tags"
+    _, tag, mask = _api()
     ucx_ep = _endpoint(ep)
-    arrays = [array(b) for b in buffers]
-    return [_posted(ucx_ep.tag_recv(a, tag(t), mask), a) for a, t in zip(arrays, tags, strict=True)]
+    return _post(ep, lambda a, i: ucx_ep.tag_recv(a, tag(tags[i]), mask), buffers)
 
 
 async def wait_one(posted: Posted) -> None:
