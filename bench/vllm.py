@@ -49,7 +49,8 @@ MAX_TOKENS = 16
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The suite's own flags."""
     names = [s.name for s in SYSTEMS]
-    parser.add_argument("--systems", default=",".join(names), help=f"subset of {names}")
+    default = ",".join(s.name for s in SYSTEMS if s.by_default)
+    parser.add_argument("--systems", default=default, help=f"subset of {names} (default {default})")
     parser.add_argument("--model-dir", type=Path, default=None, help="reuse a built model")
     parser.add_argument(
         "--doc-tokens",
@@ -111,6 +112,7 @@ def _run_system(
 ) -> dict[str, list[dict]]:
     """Per workload, the reader's records (a fresh process), after a writer if shared."""
     base = {"model": model, "connector": system.connector, "max_tokens": MAX_TOKENS}
+    base["connector_extra"] = dict(system.connector_extra)
     with system.serve(workdir) as server:
         base.update(server)
         results = {}
@@ -169,7 +171,8 @@ def run(options: SuiteOptions) -> list[Row]:
     _build_model(model_dir, size["model"])
     if extra.get("phases"):
         return _run_phases(model_dir, size["model"], doc_sizes, workdir)
-    wanted = str(extra.get("systems") or ",".join(s.name for s in SYSTEMS)).split(",")
+    default = ",".join(s.name for s in SYSTEMS if s.by_default)
+    wanted = str(extra.get("systems") or default).split(",")
     systems = [s for s in SYSTEMS if (s.name in wanted or s is recompute) and _usable(s)]
     wl = workloads(size, doc_sizes)
     results: dict[str, dict] = {}

@@ -60,6 +60,8 @@ class System:
     venv: str
     is_shared: bool
     needs_gpu: bool = False  # vLLM refuses it on CPU
+    connector_extra: tuple[tuple[str, object], ...] = ()  # settings of its connector
+    by_default: bool = True  # in the sweep without --systems
 
     @property
     def python(self) -> str:
@@ -94,6 +96,15 @@ SYSTEMS = (
     System("recompute", "recompute", ".venv-vllm", is_shared=False),
     System("lmcache", "lmcache", ".venv-lmcache", is_shared=True),
     System("kvstore", "kvstore", ".venv-vllm", is_shared=True),
+    # kvstore loading before the forward pass, through its staging pool (the GPU path today).
+    System(
+        "kvstore-staged",
+        "kvstore",
+        ".venv-vllm",
+        is_shared=True,
+        connector_extra=(("kvstore.load_by_layer", False),),
+        by_default=False,
+    ),
     # "CPU Offloading is currently only supported on CUDA-alike and XPU GPUs" (vLLM 0.32).
     System("vllm-offloading", "offloading", ".venv-vllm", is_shared=False, needs_gpu=True),
 )

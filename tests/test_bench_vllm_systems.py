@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 
 import pytest
 
 import bench.vllm
 from bench.suites import SuiteOptions
+from bench.vllm_engine import kv_transfer_config
 from bench.vllm_systems import SYSTEMS, System
 
 
@@ -25,3 +27,15 @@ def test_without_the_vllm_venv_the_suite_exits_with_the_command_to_run(monkeypat
     monkeypatch.setattr(bench.vllm, "SYSTEMS", unbuilt)
     with pytest.raises(SystemExit, match=r"run `make \.venv-never-built/bin/\.installed`"):
         bench.vllm.run(SuiteOptions(quick=True))
+
+
+def test_the_staged_kvstore_runs_only_when_asked_and_loads_before_the_forward_pass():
+    parser = argparse.ArgumentParser()
+    bench.vllm.add_arguments(parser)
+    default = parser.parse_args([]).systems.split(",")
+    assert "kvstore" in default and "kvstore-staged" not in default
+    staged = next(s for s in SYSTEMS if s.name == "kvstore-staged")
+    spec = {"connector": staged.connector, "store": "127.0.0.1:1"}
+    config = kv_transfer_config(spec | {"connector_extra": dict(staged.connector_extra)})
+    assert config is not None
+    assert config["kv_connector_extra_config"]["kvstore.load_by_layer"] is False
