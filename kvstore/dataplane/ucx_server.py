@@ -11,8 +11,8 @@ Per request (tags from the connection's `frames.Tags`):
     GET  client -> REQUEST; server leases, -> REPLY (found flags and each found block's
          CRC32C), -> BLOCK i per hit straight from the slot (the block's device copy when
          the node has an HBM tier), or its parts in part-major order for a segmented GET
-         (`frames`); the lease ends when every send has completed (the
-         client has the bytes) or the transfer deadline passes.
+         (`frames`); the lease ends when every send has completed (the client has the
+         bytes) or the transfer deadline passes.
     PUT  client -> REQUEST (keys, parents, checksums); server reserves, posts a receive into
          each reserved slot, -> REPLY (statuses); client -> BLOCK i; the server sums each
          slot as its block lands (so summing overlaps the rest of the transfer), compares
