@@ -212,3 +212,33 @@ def test_layouts_and_paths_that_cannot_load_by_layer_say_so(store):
         for paged, by_layer in ((cpu, False), (flash, True)):
             loader = BlockLoader(client, paged, 2, by_layer=by_layer)
             assert loader.start_layers(blocks.transfer(0, 2)) is None
+
+
+def test_a_load_on_a_connection_closed_under_it_is_an_error_not_an_exception(store_factory):
+    """Another thread's failed call can close the shared data plane between a loader's
+    connect and its get; and with transport "ucx" a store that is gone has no data plane:
+    either way the load ends with an error and nothing loaded, and vLLM keeps running."""
+    from kvstore.integrations.load_phases import PhaseClock
+    from kvstore.integrations.vllm_layer_load import LayerLoad
+
+    store = store_factory("--dram-bytes", "16MiB")
+    dst = PagedBlocks(_pages(None), NUM_PAGES)
+    blocks = _request(2, [0, 1])
+    with Client(store.address, timeout_s=2.0, transport="ucx") as client:
+        client.register_namespace(NS)
+        dataplane = client.data_plane()
+        dataplane.close()
+        rows = dst.layer_rows()
+        assert rows is not None
+        layer_load = LayerLoad(
+            dataplane, blocks.transfer(0, 2), rows, dst.block_bytes, 5.0, PhaseClock()
+        )
+        layer_load.wait_layer(0)
+        result = layer_load.finish()
+        assert result.num_loaded == 0 and result.error is not None
+        assert store.stop() == 0
+        loader = BlockLoader(client, dst, 2, by_layer=True)
+        assert loader.start_layers(blocks.transfer(0, 2)) is None
+        result = loader.load(blocks.transfer(0, 2))
+        assert result.num_loaded == 0 and result.error is not None
+    assert not any(t.any() for t in dst.layers)

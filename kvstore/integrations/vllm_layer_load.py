@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from kvstore.errors import KVStoreError
 from kvstore.integrations.load_phases import LoadResult, PhaseClock
 from kvstore.integrations.loaded_prefix import loaded_prefix_len
 from kvstore.integrations.vllm_plan import BlockTransfer
@@ -73,13 +74,16 @@ class LayerLoad:
             ids = block_ids[start : start + per_get]
             parts = [[layer[b] for b in ids] for layer in layers]
             self._landed.append(0)
-            found = dataplane.submit_get_parts(
-                transfer.namespace_id,
-                keys[start : start + per_get],
-                parts,
-                block_bytes,
-                self._on_part(len(self._gets)),
-            )
+            try:
+                found = dataplane.submit_get_parts(
+                    transfer.namespace_id,
+                    keys[start : start + per_get],
+                    parts,
+                    block_bytes,
+                    self._on_part(len(self._gets)),
+                )
+            except KVStoreError as exc:  # closed under it (another thread's call failed)
+                found = failed(exc)
             found.add_done_callback(self._notify)
             self._gets.append(found)
         self.clock.lap("submit")
@@ -126,6 +130,13 @@ class LayerLoad:
             if error is not None or num < len(flags):
                 break
         return LoadResult(num_ok, self.clock.done(num_ok, num_ok * self.block_bytes), error)
+
+
+def failed(exc: BaseException) -> Found:
+    """A get that ended in `exc` before it started."""
+    found: Found = concurrent.futures.Future()
+    found.set_exception(exc)
+    return found
 
 
 def _result(found: Found, wait_s: float) -> tuple[tuple[bool, ...], BaseException | None]:

@@ -30,11 +30,11 @@ import numpy as np
 import torch
 
 from kvstore.client import Client
-from kvstore.errors import NotFoundError
+from kvstore.errors import KVStoreError, NotFoundError
 from kvstore.integrations.load_phases import LoadPhases, LoadResult, PhaseClock
 from kvstore.integrations.loaded_prefix import loaded_prefix_len
 from kvstore.integrations.vllm_blocks import PagedBlocks
-from kvstore.integrations.vllm_layer_load import LayerLoad
+from kvstore.integrations.vllm_layer_load import LayerLoad, failed
 from kvstore.integrations.vllm_plan import BlockTransfer
 from kvstore.keys import KEY_BYTES
 
@@ -79,7 +79,10 @@ class BlockLoader:
         if self._layer_rows is None:
             return None
         clock = PhaseClock()
-        dataplane = self._client.data_plane()
+        try:
+            dataplane = self._client.data_plane()
+        except KVStoreError:  # transport "ucx" and no data plane now: `load` says so
+            return None
         clock.lap("connect")
         if dataplane is None:
             return None
@@ -126,7 +129,10 @@ class BlockLoader:
         returns, so the pool is free again.
         """
         clock = PhaseClock()
-        dataplane = self._client.data_plane()
+        try:
+            dataplane = self._client.data_plane()
+        except KVStoreError as exc:  # transport "ucx" and no data plane now
+            return LoadResult(0, clock.done(0, 0), exc)
         clock.lap("connect")
         pending: deque[_Chunk] = deque()
         for k in range(min(2, self._num_chunks(transfer))):
@@ -181,15 +187,15 @@ def _get(
     buffers: Sequence[np.ndarray],
 ) -> Found:
     """The data plane's pipelined get; on the gRPC path, a get done before it returns."""
-    if dataplane is not None:
-        block_bytes = buffers[0].nbytes
-        return dataplane.submit_get_into(transfer.namespace_id, keys, buffers, block_bytes)
-    done: Found = concurrent.futures.Future()
     try:
+        if dataplane is not None:
+            block_bytes = buffers[0].nbytes
+            return dataplane.submit_get_into(transfer.namespace_id, keys, buffers, block_bytes)
+        done: Found = concurrent.futures.Future()
         done.set_result(client.get_into(transfer.namespace_id, keys, buffers))
-    except Exception as exc:  # reported through the future, as the data plane does
-        done.set_exception(exc)
-    return done
+        return done
+    except Exception as exc:  # reported through the future, as the data plane's own are
+        return failed(exc)
 
 
 def _result(found: Found) -> tuple[tuple[bool, ...], BaseException | None]:
