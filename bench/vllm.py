@@ -43,13 +43,14 @@ SIZES = {  # quick: same rows, smaller model and prompts
     True: {"model": "tiny", "doc_tokens": (512, 1536), "docs": 2, "sessions": 2, "turns": 3},
 }
 QUESTION_LEN = 32
+DEFAULT_SYSTEMS = tuple(s.name for s in SYSTEMS if s.by_default)  # without --systems
 MAX_TOKENS = 16
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The suite's own flags."""
     names = [s.name for s in SYSTEMS]
-    default = ",".join(s.name for s in SYSTEMS if s.by_default)
+    default = ",".join(DEFAULT_SYSTEMS)
     parser.add_argument("--systems", default=default, help=f"subset of {names} (default {default})")
     parser.add_argument("--model-dir", type=Path, default=None, help="reuse a built model")
     parser.add_argument(
@@ -171,8 +172,7 @@ def run(options: SuiteOptions) -> list[Row]:
     _build_model(model_dir, size["model"])
     if extra.get("phases"):
         return _run_phases(model_dir, size["model"], doc_sizes, workdir)
-    default = ",".join(s.name for s in SYSTEMS if s.by_default)
-    wanted = str(extra.get("systems") or default).split(",")
+    wanted = str(extra.get("systems") or ",".join(DEFAULT_SYSTEMS)).split(",")
     systems = [s for s in SYSTEMS if (s.name in wanted or s is recompute) and _usable(s)]
     wl = workloads(size, doc_sizes)
     results: dict[str, dict] = {}

@@ -121,7 +121,7 @@ class LayerLoad:
         the blocks, from the first, that arrived whole, and the error that cut it short
         (None when blocks were only missed)."""
         self.clock.skip()
-        results = [_result(found, self._wait_s) for found in self._gets]
+        results = [outcome(found, self._wait_s) for found in self._gets]
         self.clock.lap("transfer")
         num_ok, error = 0, None
         for flags, error in results:
@@ -139,8 +139,11 @@ def failed(exc: BaseException) -> Found:
     return found
 
 
-def _result(found: Found, wait_s: float) -> tuple[tuple[bool, ...], BaseException | None]:
+def outcome(
+    found: Found, timeout_s: float | None = None
+) -> tuple[tuple[bool, ...], BaseException | None]:
+    """A get's flags, or no flags and the error that ended it."""
     try:
-        return found.result(timeout=wait_s), None
-    except Exception as exc:  # whatever broke, this GET's blocks are not whole
+        return found.result(timeout=timeout_s), None
+    except Exception as exc:  # whatever broke, this get's blocks were not filled
         return (), exc

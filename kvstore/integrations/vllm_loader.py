@@ -34,11 +34,10 @@ from kvstore.errors import KVStoreError, NotFoundError
 from kvstore.integrations.load_phases import LoadPhases, LoadResult, PhaseClock
 from kvstore.integrations.loaded_prefix import loaded_prefix_len
 from kvstore.integrations.vllm_blocks import PagedBlocks
-from kvstore.integrations.vllm_layer_load import LayerLoad, failed
+from kvstore.integrations.vllm_layer_load import Found, LayerLoad, failed, outcome
 from kvstore.integrations.vllm_plan import BlockTransfer
 from kvstore.keys import KEY_BYTES
 
-Found = concurrent.futures.Future[tuple[bool, ...]]
 WARM_UP_IN_FLIGHT = 8  # gets at once; ucxx warns when many more wait on its futures pool
 LAYER_WAIT_MARGIN_S = 5.0  # a layer wait outlasts the data plane's deadline by this much
 
@@ -141,7 +140,7 @@ class BlockLoader:
         num_ok, error = 0, None
         while pending:
             chunk = pending.popleft()
-            found, error = _result(chunk.found)
+            found, error = outcome(chunk.found)
             clock.lap("transfer")
             num_chunk = loaded_prefix_len(found)
             self._scatter(transfer, chunk, num_chunk)
@@ -198,13 +197,6 @@ def _get(
         return failed(exc)
 
 
-def _result(found: Found) -> tuple[tuple[bool, ...], BaseException | None]:
-    try:
-        return found.result(), None
-    except Exception as exc:  # whatever broke, this chunk's blocks were not filled
-        return (), exc
-
-
 def _drain(pending: deque[_Chunk]) -> None:
     while pending:
-        _result(pending.popleft().found)
+        outcome(pending.popleft().found)
