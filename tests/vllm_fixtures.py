@@ -103,6 +103,9 @@ class OpenAIServer:
 
 SERVER_START_S = 600.0
 SERVER_STOP_S = 120.0
+# vLLM's default (0) force-kills the engine and its workers at once on SIGTERM, before the
+# connector's shutdown can flush its queued publishes; a positive value gives them that long.
+ENGINE_SHUTDOWN_S = 60
 
 
 def server_command(model: str, port: int, kv_transfer_config: dict[str, Any]) -> list[str]:
@@ -115,6 +118,7 @@ def server_command(model: str, port: int, kv_transfer_config: dict[str, Any]) ->
         *("--model", model, "--host", "127.0.0.1", "--port", str(port)),
         *("--dtype", "float32", "--block-size", "32", "--max-model-len", "2048"),
         *("--enforce-eager", "--seed", "0", "--enable-prompt-tokens-details"),
+        *("--shutdown-timeout", str(ENGINE_SHUTDOWN_S)),
         *("--kv-transfer-config", json.dumps(kv_transfer_config)),
     ]
 
