@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import vllm_phases
+from bench import vllm_phases, vllm_tpot
 from bench.options import extra_of
 from bench.report import Row, progress_bar
 from bench.suites import SuiteOptions
@@ -62,6 +62,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--phases",
         action="store_true",
         help="kvstore only: where the time of a fresh process's first and later loads goes",
+    )
+    parser.add_argument(
+        "--tpot",
+        action="store_true",
+        help="whether kvstore's publishing slows decode: TPOT with and without, paired rounds",
     )
 
 
@@ -172,6 +177,8 @@ def run(options: SuiteOptions) -> list[Row]:
     _build_model(model_dir, size["model"])
     if extra.get("phases"):
         return _run_phases(model_dir, size["model"], doc_sizes, workdir)
+    if extra.get("tpot"):
+        return _run_tpot(model_dir, doc_sizes, workdir)
     wanted = str(extra.get("systems") or ",".join(DEFAULT_SYSTEMS)).split(",")
     systems = [s for s in SYSTEMS if (s.name in wanted or s is recompute) and _usable(s)]
     wl = workloads(size, doc_sizes)
@@ -210,4 +217,37 @@ def _run_phases(model_dir: Path, model: str, doc_sizes: Sequence[int], workdir: 
                 rows += vllm_phases.phase_rows(records, log_text, n, mode)
                 advance(1)
     del model
+    return rows
+
+
+def _run_tpot(model_dir: Path, doc_sizes: Sequence[int], workdir: Path) -> list[Row]:
+    """Per document size, paired rounds of fresh processes, one per `vllm_tpot.VARIANTS`,
+    on the same new prompts; see `bench.vllm_tpot`."""
+    kvstore = next(s for s in SYSTEMS if s.name == "kvstore")  # its venv runs every variant
+    if (hint := kvstore.missing()) is not None:
+        raise SystemExit(f"kvstore-bench vllm: {hint}")
+    rows: list[Row] = []
+    num_runs = len(doc_sizes) * vllm_tpot.ROUNDS * len(vllm_tpot.VARIANTS)
+    with kvstore.serve(workdir) as server, progress_bar("vllm tpot", num_runs) as advance:
+        for n in doc_sizes:
+            spec: dict[str, Any] = {"model": str(model_dir), "max_tokens": vllm_tpot.MAX_TOKENS}
+            spec |= {"max_model_len": n + 512, "max_num_batched_tokens": n + 512, **server}
+            rounds, stats, identical = [], [0, 0, 0], True
+            for r in range(vllm_tpot.ROUNDS):
+                tpot_ms, outputs = {}, []
+                for name in vllm_tpot.order(r):
+                    connector, extra = vllm_tpot.VARIANTS[name]
+                    run = {**spec, "connector": connector, "connector_extra": extra}
+                    tag = f"tpot{n}-r{r}-{name}"
+                    records = _run_engine(
+                        kvstore, run | {"sessions": vllm_tpot.sessions(n, r)}, workdir, tag
+                    )
+                    tpot_ms[name] = vllm_tpot.process_tpot_ms(records)
+                    outputs.append([rec["output"] for rec in records])
+                    found = vllm_tpot.published(vllm_phases.read_log(workdir / f"{tag}.log"))
+                    stats = [a + b for a, b in zip(stats, found, strict=True)]
+                    advance(1)
+                rounds.append(tpot_ms)
+                identical = identical and all(out == outputs[0] for out in outputs)
+            rows.append(vllm_tpot.tpot_row(n, rounds, (stats[0], stats[1], stats[2]), identical))
     return rows

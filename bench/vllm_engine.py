@@ -27,6 +27,7 @@ ENV = {
     "LMCACHE_TRACK_USAGE": "false",
     "VLLM_CPU_KVCACHE_SPACE": "1",
 }
+SHUTDOWN_S = 60.0
 
 
 def kv_transfer_config(spec: dict[str, Any]) -> dict[str, Any] | None:
@@ -52,6 +53,12 @@ def kv_transfer_config(spec: dict[str, Any]) -> dict[str, Any] | None:
             "kv_connector": "OffloadingConnector",
             "kv_role": "kv_both",
             "kv_connector_extra_config": {"cpu_bytes_to_use": 2 << 30},
+        }
+    if kind == "null":
+        return {
+            "kv_connector": "NullConnector",
+            "kv_connector_module_path": "bench.null_connector",
+            "kv_role": "kv_both",
         }
     assert kind == "recompute", f"unknown connector {kind!r}"
     return None
@@ -127,8 +134,9 @@ def main() -> None:
     llm = make_llm(spec)
     records = run_sessions(llm.llm_engine, spec)
     Path(sys.argv[2]).write_text(json.dumps(records))
-    # Shutting the engine down flushes the connector's background saves.
-    llm.llm_engine.engine_core.shutdown()
+    # Shutting the engine down flushes the connector's background saves; vLLM's default
+    # gives the engine process 5 s before killing it, too short on a busy host.
+    llm.llm_engine.engine_core.shutdown(timeout=SHUTDOWN_S)
 
 
 if __name__ == "__main__":
