@@ -66,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tpot",
         action="store_true",
-        help="whether kvstore's publishing slows decode: TPOT with and without, paired rounds",
+        help="whether the connector slows decode: TPOT with none, a null one and kvstore's",
     )
 
 
