@@ -28,7 +28,7 @@ ROUNDS = 3
 NUM_PROMPTS = 2
 MAX_TOKENS = 64
 TARGET_RATIO = 1.05  # issue target: TPOT with the connector within 5% of without
-# name: (connector, its settings); the first is the baseline of every ratio
+# name: (connector, its settings)
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "recompute": ("recompute", {}),
     "null": ("null", {}),
@@ -45,7 +45,7 @@ def order(round_index: int) -> tuple[str, ...]:
 
 
 def sessions(doc_tokens: int, round_index: int) -> list[dict[str, Any]]:
-    """`NUM_PROMPTS` prompts of `doc_tokens` tokens, the same for both systems of a round
+    """`NUM_PROMPTS` prompts of `doc_tokens` tokens, the same for every variant of a round
     and new in every round."""
     rng = random.Random(f"tpot-{doc_tokens}-{round_index}")
     return [
