@@ -154,6 +154,10 @@ def _doc_sizes(extra: Mapping[str, object], quick: bool) -> tuple[int, ...]:
     return sizes
 
 
+def _system(name: str) -> System:
+    return next(s for s in SYSTEMS if s.name == name)
+
+
 def _usable(system: System) -> bool:
     if system.needs_gpu and not _has_gpu():
         log.warning("event=system_skipped system=%s reason=needs a CUDA or XPU GPU", system.name)
@@ -168,7 +172,7 @@ def run(options: SuiteOptions) -> list[Row]:
     """One row per (workload, document size, system); outputs compared with recompute's."""
     extra = extra_of(options)
     size = SIZES[options.quick]
-    recompute = next(s for s in SYSTEMS if s.name == "recompute")
+    recompute = _system("recompute")
     if (hint := recompute.missing()) is not None:
         raise SystemExit(f"kvstore-bench vllm: {hint}")  # the baseline every row needs
     doc_sizes = _doc_sizes(extra, options.quick)
@@ -200,7 +204,7 @@ def run(options: SuiteOptions) -> list[Row]:
 def _run_phases(model_dir: Path, model: str, doc_sizes: Sequence[int], workdir: Path) -> list[Row]:
     """Per document size: a writer, then per load mode a fresh reader whose connector logs
     its phases."""
-    kvstore = next(s for s in SYSTEMS if s.name == "kvstore")
+    kvstore = _system("kvstore")
     rows: list[Row] = []
     num_runs = len(doc_sizes) * len(vllm_phases.MODES)
     with kvstore.serve(workdir) as server, progress_bar("vllm phases", num_runs) as advance:
@@ -223,7 +227,7 @@ def _run_phases(model_dir: Path, model: str, doc_sizes: Sequence[int], workdir: 
 def _run_tpot(model_dir: Path, doc_sizes: Sequence[int], workdir: Path) -> list[Row]:
     """Per document size, paired rounds of fresh processes, one per `vllm_tpot.VARIANTS`,
     on the same new prompts; see `bench.vllm_tpot`."""
-    kvstore = next(s for s in SYSTEMS if s.name == "kvstore")  # its venv runs every variant
+    kvstore = _system("kvstore")  # its venv runs every variant
     if (hint := kvstore.missing()) is not None:
         raise SystemExit(f"kvstore-bench vllm: {hint}")
     rows: list[Row] = []
@@ -232,7 +236,7 @@ def _run_tpot(model_dir: Path, doc_sizes: Sequence[int], workdir: Path) -> list[
         for n in doc_sizes:
             spec: dict[str, Any] = {"model": str(model_dir), "max_tokens": vllm_tpot.MAX_TOKENS}
             spec |= {"max_model_len": n + 512, "max_num_batched_tokens": n + 512, **server}
-            rounds, stats, identical = [], [0, 0, 0], True
+            rounds, stats, identical = [], (0, 0, 0), True
             for r in range(vllm_tpot.ROUNDS):
                 tpot_ms, outputs = {}, []
                 for name in vllm_tpot.order(r):
@@ -245,9 +249,9 @@ def _run_tpot(model_dir: Path, doc_sizes: Sequence[int], workdir: Path) -> list[
                     tpot_ms[name] = vllm_tpot.process_tpot_ms(records)
                     outputs.append([rec["output"] for rec in records])
                     found = vllm_tpot.published(vllm_phases.read_log(workdir / f"{tag}.log"))
-                    stats = [a + b for a, b in zip(stats, found, strict=True)]
+                    stats = tuple(a + b for a, b in zip(stats, found, strict=True))
                     advance(1)
                 rounds.append(tpot_ms)
                 identical = identical and all(out == outputs[0] for out in outputs)
-            rows.append(vllm_tpot.tpot_row(n, rounds, (stats[0], stats[1], stats[2]), identical))
+            rows.append(vllm_tpot.tpot_row(n, rounds, stats, identical))
     return rows

@@ -68,7 +68,7 @@ def process_tpot_ms(records: list[dict[str, Any]]) -> float:
 def tpot_row(
     doc_tokens: int,
     rounds: list[dict[str, float]],
-    stats: tuple[int, int, int],
+    stats: tuple[int, ...],
     identical: bool,
 ) -> Row:
     """One row per document size. `rounds`: per round, each variant's TPOT in ms; `stats`:

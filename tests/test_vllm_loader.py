@@ -11,6 +11,7 @@ torch = require_extra("torch")
 
 from kvstore.client import Client  # noqa: E402
 from kvstore.integrations import vllm_layer_load  # noqa: E402
+from kvstore.integrations.load_phases import PhaseClock  # noqa: E402
 from kvstore.integrations.vllm_blocks import PagedBlocks  # noqa: E402
 from kvstore.integrations.vllm_loader import BlockLoader  # noqa: E402
 from kvstore.integrations.vllm_plan import RequestBlocks  # noqa: E402
@@ -218,9 +219,6 @@ def test_a_load_on_a_connection_closed_under_it_is_an_error_not_an_exception(sto
     """Another thread's failed call can close the shared data plane between a loader's
     connect and its get; and with transport "ucx" a store that is gone has no data plane:
     either way the load ends with an error and nothing loaded, and vLLM keeps running."""
-    from kvstore.integrations.load_phases import PhaseClock
-    from kvstore.integrations.vllm_layer_load import LayerLoad
-
     store = store_factory("--dram-bytes", "16MiB")
     dst = PagedBlocks(_pages(None), NUM_PAGES)
     blocks = _request(2, [0, 1])
@@ -230,7 +228,7 @@ def test_a_load_on_a_connection_closed_under_it_is_an_error_not_an_exception(sto
         dataplane.close()
         rows = dst.layer_rows()
         assert rows is not None
-        layer_load = LayerLoad(
+        layer_load = vllm_layer_load.LayerLoad(
             dataplane, blocks.transfer(0, 2), rows, dst.block_bytes, 5.0, PhaseClock()
         )
         layer_load.wait_layer(0)
