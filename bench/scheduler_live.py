@@ -25,7 +25,9 @@ the conductor (arrival to first token out), TBT the mean gap after the first tok
 decode load the mean decode KV utilisation in the conductor's view sampled every
 `SAMPLE_S`; then `ttft_pred_err_p50_s`/`_p90_s` (|predicted - measured|),
 `ttft_pred_rel_err_p50` (the same over measured) and `ttft_pred_bias_s` (mean predicted -
-measured) over served requests.
+measured) over served requests; `prefill_speed_factor` and `decode_speed_factor`, what the
+conductor measured the engines to take over the profile's time by the end of the run (its
+predictions are the profile's scaled by them).
 """
 
 from __future__ import annotations
@@ -133,10 +135,10 @@ def run(
     ):
         for i, policy in enumerate(policies):
             live = scale_trace(requests[:n], profile.block_tokens, vocab, i, speedup)
-            outcomes, loads, copies = asyncio.run(
+            outcomes, loads, counts = asyncio.run(
                 _replay(policy, procs, profile, model, slo, live, advance)
             )
-            rows.append(_row(policy, speedup, slo, live, outcomes, loads, model) | copies)
+            rows.append(_row(policy, speedup, slo, live, outcomes, loads, model) | counts)
     return rows
 
 
@@ -165,9 +167,10 @@ async def _replay(
     slo: SLO,
     requests: Sequence[LiveRequest],
     advance: Callable[[int], None],
-) -> tuple[list[CompletionOutcome], list[float], dict[str, int]]:
-    """The outcomes, the decode-load samples, and the hot-block copies the policy had the
-    engines make (`replications` done, `replicated_blocks` they loaded)."""
+) -> tuple[list[CompletionOutcome], list[float], dict[str, float]]:
+    """The outcomes, the decode-load samples, and the row's counts: the hot-block copies the
+    policy had the engines make (`replications` done, `replicated_blocks` they loaded) and
+    the engines' measured speed factors (`kvstore.scheduler.front.speed`)."""
     config = ConductorConfig(
         engines=",".join(procs.engines), store=procs.store, policy=policy, port=0, grpc_port=-1,
         ttft_slo_s=slo.ttft_s, tbt_slo_ms=slo.tbt_s * 1000, model=model,
@@ -196,7 +199,12 @@ async def _replay(
     finally:
         sampler.cancel()
         await server.stop()
-    return sorted(outcomes, key=lambda o: o.request_id), loads, copies
+    cluster = server.conductor.cluster
+    speeds = {  # what the predictions were scaled by at the end of the run
+        "prefill_speed_factor": cluster.prefill_speed.value,
+        "decode_speed_factor": cluster.decode_speed.value,
+    }
+    return sorted(outcomes, key=lambda o: o.request_id), loads, copies | speeds
 
 
 async def _complete(http: aiohttp.ClientSession, url: str, r: LiveRequest) -> None:

@@ -6,9 +6,10 @@ Greedy outputs through the conductor (prefill on one engine, decode on another, 
 "both" engine) are the token ids a single engine gives; a stream sends each token once; a
 repeated prompt reports cached tokens; a request over its TBT SLO is refused at once with
 429 and Retry-After, one over its TTFT SLO with RESOURCE_EXHAUSTED; /metrics counts both;
-/health answers; a client that leaves mid-stream frees the engine. The conductor decides on
-a fixed test profile, so its predictions, and with them its decisions, do not depend on this
-machine's speed.
+/health answers; a client that leaves mid-stream frees the engine. The conductors decide on
+a fixed test profile that they do not scale by the engines' measured speed
+(`--speed-window 0`), so their predictions, and with them their decisions, do not depend on
+this machine's speed; one more conductor measures it.
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ class Cluster:
     both_engine: str  # that engine, for reference outputs
     both_engine_log: Path
     front_http: str  # of a conductor whose engine is the "both" conductor's HTTP API
+    split_engines: list[str]
+    store: str
 
 
 def _spawn(tmp: Path, name: str, *args: str) -> Proc:
@@ -87,11 +90,14 @@ def _engine(tmp: Path, name: str, role: str, store: str) -> tuple[Proc, str]:
     )
 
 
-def _conductor(tmp: Path, name: str, engines: list[str], store: str, policy: str) -> Proc:
+def _conductor(
+    tmp: Path, name: str, engines: list[str], store: str, policy: str, speed_window: int = 0
+) -> Proc:
     profile = tmp / "profile.json"
     PROFILE.save(profile)
     flags = ["--engines", ",".join(engines), "--policy", policy, "--profile", str(profile)]
     flags += ["--port", "0", "--grpc-port", "0", "--tbt-slo-ms", "1000"]
+    flags += ["--speed-window", str(speed_window)]
     return _spawn(tmp, name, "conductor", *flags, *(["--store", store] if store else []))
 
 
@@ -124,7 +130,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         f_http, _ = wait_until(lambda: _ports(front_c), 90.0, "the front conductor serves")
         yield Cluster(
             f"http://127.0.0.1:{s_http}", f"127.0.0.1:{s_grpc}", backend, engines["b0"],
-            both_log, f"http://127.0.0.1:{f_http}",
+            both_log, f"http://127.0.0.1:{f_http}", split, store.address,
         )  # fmt: skip
     finally:
         for p in procs:  # all at once: each drains on its own
@@ -301,3 +307,23 @@ def test_health_and_metrics_count_routed_and_rejected_requests(cluster):
     assert routed >= 1
     assert _value(after, "kvstore_conductor_ttft_seconds_count") >= 1
     assert "kvstore_conductor_engine_queued_seconds" in after
+
+
+def test_a_conductor_scales_its_profile_by_the_engines_measured_speed(cluster, tmp_path):
+    proc = _conductor(tmp_path, "measuring", cluster.split_engines, cluster.store, "cache-aware", 8)
+    try:
+        http, _ = wait_until(lambda: _ports(proc), 90.0, "the measuring conductor serves")
+        base = f"http://127.0.0.1:{http}"
+        _, before = _get(base + "/metrics")
+        client = _client(base)
+        for seed in range(3):
+            prompt = _prompt(40 + seed, 2 * BLOCK + 1)
+            client.completions.create(model="tiny", prompt=prompt, max_tokens=4, temperature=0)
+        _, after = _get(base + "/metrics")
+    finally:
+        assert proc.stop() == 0
+    factor = 'kvstore_conductor_speed_factor{phase="%s"}'
+    for phase in ("prefill", "decode"):
+        assert _value(before, factor % phase) == 1.0  # nothing measured yet: the profile's
+        measured = _value(after, factor % phase)
+        assert measured > 0 and measured != 1.0, (phase, measured)

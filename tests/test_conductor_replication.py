@@ -74,7 +74,9 @@ def test_a_planned_replication_prefetches_the_pooled_prefix_on_its_target(store,
     outcomes: list[tuple[str, int]] = []
 
     async def scenario() -> tuple[list[int], list[int]]:
-        config = ConductorConfig(engines=",".join(engines), store=store.address, port=0)
+        config = ConductorConfig(
+            engines=",".join(engines), store=store.address, port=0, speed_window=0
+        )
         server = await ConductorServer(config).start()
         conductor = server.conductor
         over = asyncio.Event()  # a replication ended, however

@@ -22,6 +22,7 @@ from kvstore.scheduler.front.live_view import (
     prompt_blocks,
 )
 from kvstore.scheduler.front.metrics import ConductorMetrics
+from kvstore.scheduler.front.speed import SpeedRatio
 from kvstore.scheduler.front.tokenizer import REPLACEMENT, ByteTokenizer, Detokenizer
 from kvstore.scheduler.profile import CostProfile
 from kvstore.scheduler.registry import make_scheduling_policy
@@ -50,10 +51,11 @@ NAMESPACE = EngineConfig().namespace  # tiny, 16-token blocks: what the engines 
 COST = CostModel(PROFILE)
 
 
-def _cluster(num_prefill: int = 2, num_decode: int = 1) -> LiveCluster:
+def _cluster(num_prefill: int = 2, num_decode: int = 1, speed_window: int = 0) -> LiveCluster:
+    """A view predicting with PROFILE as it is, unless `speed_window` measures the engines."""
     prefills = [LivePrefill(PROFILE.prefill_cache_blocks) for _ in range(num_prefill)]
     decodes = [LiveDecode(PROFILE.decode_kv_capacity_tokens) for _ in range(num_decode)]
-    return LiveCluster(COST, prefills, decodes)
+    return LiveCluster(CostModel(PROFILE), prefills, decodes, speed_window)
 
 
 def _request(prompt: list[int], request_id: int = 0, now_s: float = 0.0) -> SchedRequest:
@@ -75,7 +77,7 @@ def test_block_ids_are_the_engines_keys_and_a_partial_block_gets_its_own():
     assert len(prompt_blocks(NAMESPACE, prompt[: 2 * BLOCK]).hash_ids) == 2
 
 
-def test_a_prefill_queue_drains_in_real_time_and_resets_when_empty():
+def test_a_prefill_queue_drains_in_real_time_and_a_finish_takes_out_its_own_work():
     cluster = _cluster()
     pre = cluster.prefills[0]
     pre.enqueue(0, 1.0, 100, [1, 2])
@@ -83,13 +85,98 @@ def test_a_prefill_queue_drains_in_real_time_and_resets_when_empty():
     assert (pre.queued_s(), pre.num_queued(), pre.queued_tokens()) == (1.5, 2, 140)
     cluster.snapshot(0.4)
     assert pre.queued_s() == pytest.approx(1.1)
-    pre.finish(0)
-    assert pre.queued_s() == pytest.approx(1.1) and pre.queued_tokens() == 40
-    pre.finish(1)  # faster than predicted: nothing is left, so nothing is ahead
+    pre.finish(0)  # early: the 0.6 s it was predicted to take still are not ahead
+    assert pre.queued_s() == pytest.approx(0.5) and pre.queued_tokens() == 40
+    cluster.snapshot(1.4)
+    assert pre.queued_s() == 0.0  # late: nothing is known to be left of it
+    pre.finish(1)
     assert (pre.queued_s(), pre.num_queued()) == (0.0, 0)
     assert pre.cached_prefix([1, 2, 9]) == 2 and pre.cached_prefix([1, 3]) == 2
     cluster.snapshot(0.1)  # never backwards
-    assert cluster.now_s == 0.4
+    assert cluster.now_s == 0.4 + 1.0
+
+
+def test_the_speed_factor_is_measured_over_predicted_time_over_a_window():
+    speed = SpeedRatio(window=2)
+    assert speed.value == 1.0  # nothing seen: the profile as it is
+    speed.observe(3.0, 1.0)
+    speed.observe(1.0, 1.0)
+    assert speed.value == 2.0 and len(speed) == 2
+    speed.observe(0.5, 0.0)  # predicted free: tells nothing
+    speed.observe(2.0, 2.0)  # the window drops (3.0, 1.0)
+    assert speed.value == pytest.approx(1.0)
+    off = SpeedRatio(window=0)
+    off.observe(5.0, 1.0)
+    assert off.value == 1.0 and len(off) == 0
+    with pytest.raises(ValueError):
+        SpeedRatio(window=-1)
+
+
+def test_each_first_token_measures_the_busy_time_since_the_engines_last_one():
+    cluster = _cluster(speed_window=8)
+    p0, p1 = cluster.prefills
+    p0.enqueue(0, 1.0, 10, [])
+    p0.enqueue(1, 1.0, 10, [])
+    cluster.snapshot(3.0)
+    p0.finish(0, served=True)  # busy 0 -> 3 s for 1 s of predicted work
+    assert cluster.prefill_speed.value == 3.0 and p1.speed is cluster.prefill_speed
+    assert p0.queued_s() == 3.0  # what is left, at the measured speed
+    cluster.snapshot(4.0)
+    assert p0.queued_s() == 2.0
+    cluster.snapshot(5.0)
+    p0.finish(1, served=True)  # 3 -> 5 s: its wait behind request 0 is not counted again
+    assert cluster.prefill_speed.value == pytest.approx(5.0 / 2.0)
+    cluster.snapshot(9.0)
+    p0.enqueue(2, 1.0, 10, [])  # a new busy period: the idle time before it is nobody's
+    cluster.snapshot(10.0)
+    p0.finish(2)  # failed or cancelled: no measurement
+    assert len(cluster.prefill_speed) == 2
+
+
+def test_the_view_scales_the_policys_cost_model_by_the_measured_speed():
+    prompt = list(range(20))
+    cluster = _cluster(speed_window=8)
+    policy = make_scheduling_policy(
+        "cache-aware-predictive", PolicyContext(cluster.cost, SLO(0.1, 1.0))
+    )
+    base_s = COST.prefill_s(20)
+    assert isinstance(policy.decide(_request(prompt), cluster), Accept)  # 1.2 ms by the profile
+    pre = cluster.prefills[0]
+    pre.enqueue(9, base_s, 20, [])
+    cluster.snapshot(200 * base_s)
+    pre.finish(9, served=True)  # the engines took 200x the profile's time
+    cluster.snapshot(200 * base_s)
+    assert cluster.cost.prefill_s(20) == pytest.approx(200 * base_s)
+    decision = policy.decide(_request(prompt, 1, cluster.now_s), cluster)
+    assert isinstance(decision, Reject) and decision.reason is RejectReason.TTFT
+    assert decision.predicted == pytest.approx(200 * base_s)
+    assert cluster.base_profile == PROFILE
+
+
+def test_decode_gaps_measure_the_decode_step_of_the_batch_held():
+    cluster = _cluster(speed_window=8)
+    dec = cluster.decodes[0]
+    dec.start(0, 100, 1)
+    dec.start(1, 100, 1)  # 2 sequences: the profile's step is 10 + 2 x 10 ms
+    cluster.observe_decode(0, 0.06, 1)
+    cluster.observe_decode(0, 0.18, 2)  # two steps in one message
+    assert cluster.decode_speed.value == pytest.approx(0.24 / 0.09)
+    cluster.snapshot(0.0)
+    assert cluster.cost.decode_step_s(2, 200) == pytest.approx(0.24 / 0.09 * 0.03)
+    assert cluster.cost.prefill_s(20) == COST.prefill_s(20)  # prefill measured nothing
+
+
+def test_a_profile_scales_its_prefill_and_decode_times_and_keeps_its_sizes():
+    fast = PROFILE.scaled(prefill=2.0, decode=0.5)
+    cost = CostModel(fast)
+    assert cost.prefill_s(100, 20) == pytest.approx(2 * COST.prefill_s(100, 20))
+    assert cost.transfer_s(5) == pytest.approx(2 * COST.transfer_s(5))
+    assert cost.decode_step_s(3, 300) == pytest.approx(0.5 * COST.decode_step_s(3, 300))
+    assert fast.block_bytes == PROFILE.block_bytes
+    assert fast.decode_kv_capacity_tokens == PROFILE.decode_kv_capacity_tokens
+    assert PROFILE.scaled(1.0, 1.0) == PROFILE
+    with pytest.raises(ValueError):
+        PROFILE.scaled(0.0, 1.0)
 
 
 def test_a_decode_instance_counts_incoming_then_running_context():
@@ -200,7 +287,13 @@ def test_metrics_count_routed_rejected_and_the_ttft_error():
     error = "kvstore_conductor_ttft_error_seconds_bucket"  # -0.05 s: predicted too low
     assert reg.get_sample_value(error, {"le": "-0.1"}) == 0
     assert reg.get_sample_value(error, {"le": "-0.025"}) == 1
-    cluster = _cluster(1, 1)
+    cluster = _cluster(1, 1, speed_window=8)
     cluster.prefills[0].enqueue(5, 2.0, 10, [])
     metrics.watch(cluster, [0], [1])
     assert reg.get_sample_value("kvstore_conductor_engine_queued_seconds", {"engine": "e0"}) == 2.0
+    speed = "kvstore_conductor_speed_factor"
+    assert reg.get_sample_value(speed, {"phase": "prefill"}) == 1.0
+    cluster.snapshot(3.0)
+    cluster.prefills[0].finish(5, served=True)
+    assert reg.get_sample_value(speed, {"phase": "prefill"}) == 1.5
+    assert reg.get_sample_value(speed, {"phase": "decode"}) == 1.0

@@ -85,6 +85,24 @@ class CostProfile:
         """KV bytes of one block."""
         return self.block_tokens * self.kv_bytes_per_token
 
+    def scaled(self, prefill: float, decode: float) -> CostProfile:
+        """This profile on instances whose prefill work (compute and loads from the pool)
+        takes `prefill` times as long, and whose decode steps `decode` times as long;
+        sizes and capacities unchanged."""
+        if not (prefill > 0 and decode > 0):
+            raise ValueError(f"speed factors must be > 0: prefill {prefill}, decode {decode}")
+        return dataclasses.replace(
+            self,
+            prefill_overhead_s=self.prefill_overhead_s * prefill,
+            prefill_s_per_token=self.prefill_s_per_token * prefill,
+            prefill_s_per_token_pair=self.prefill_s_per_token_pair * prefill,
+            transfer_latency_s=self.transfer_latency_s * prefill,
+            pool_bandwidth_bytes_per_s=self.pool_bandwidth_bytes_per_s / prefill,
+            decode_step_overhead_s=self.decode_step_overhead_s * decode,
+            decode_s_per_seq=self.decode_s_per_seq * decode,
+            decode_s_per_context_token=self.decode_s_per_context_token * decode,
+        )
+
     def to_json(self) -> str:
         """The profile as a JSON object (`from_json` reads it back equal)."""
         return json.dumps(dataclasses.asdict(self), indent=2) + "\n"

@@ -18,7 +18,8 @@ Flow of one request (`admit`, then `run`):
    and is also its decode instance (the policy's decode choice is not used).
 4. TTFT (arrival at the conductor to first token out) and TBT (mean gap after the first)
    are measured; the outcome, with the prediction made at admission, goes to every
-   listener (metrics, a benchmark).
+   listener (metrics, a benchmark). Each first token and each later token's gap is also
+   an observation of the engines' speed (`LiveCluster`), which scales the next predictions.
 
 Replications the policy plans (hot blocks of the admitted request's prompt that its prefill
 engine lacks) start at admission, in the background: that engine prefetches them from the
@@ -228,7 +229,7 @@ class Conductor:
         ahead_s = pre.queued_s()
         pre.enqueue(
             sched.request_id,
-            plan.seconds,
+            plan.seconds / pre.speed.value,  # the plan's time at the profile's own speed
             sched.input_len - plan.cached_len,
             blocks.hash_ids[: blocks.num_full],
         )
@@ -267,9 +268,13 @@ class Conductor:
         final: EngineChunk | None = None
         async for msg in self._generate(engine, t, 0):
             if msg.token_ids and not t.tokens:  # its compute is over: the first token is out
-                self._prefill_over(t)
+                self._prefill_over(t, served=True)
                 if self.roles.is_colocated:
                     dview.start(t.request_id, t.input_len, 0)
+            elif msg.token_ids and self.roles.is_colocated:  # decode steps, after the first
+                self.cluster.observe_decode(
+                    t.accept.decode, self.now_s() - t.last_token_s, len(msg.token_ids)
+                )
             if msg.token_ids and self.roles.is_colocated:
                 dview.advance(t.request_id, len(msg.token_ids))
             if msg.token_ids:
@@ -284,6 +289,7 @@ class Conductor:
         dview = self.cluster.decodes[t.accept.decode]
         dview.start(t.request_id, t.input_len, len(t.tokens), is_waiting=True)
         sent = list(t.tokens)  # what the client has: the decode stream repeats it first
+        last_s = None  # the engine's previous message (its first follows the KV's load)
         async for msg in self._generate(engine, t, t.num_published_tokens):
             new = list(msg.token_ids)
             while sent and new:
@@ -291,6 +297,10 @@ class Conductor:
                     log.warning("event=handoff_mismatch request=%d", t.request_id)
             if msg.token_ids:  # the engine runs it (the repeated first token included)
                 dview.advance(t.request_id, len(new))
+                now_s = self.now_s()
+                if last_s is not None and new:
+                    self.cluster.observe_decode(t.accept.decode, now_s - last_s, len(new))
+                last_s = now_s
             if new:
                 yield self._out(t, new)
             if msg.finish_reason:
@@ -308,9 +318,9 @@ class Conductor:
         t.tokens.extend(token_ids)
         return CompletionChunk(tuple(token_ids))
 
-    def _prefill_over(self, t: Ticket) -> None:
+    def _prefill_over(self, t: Ticket, served: bool = False) -> None:
         self.cluster.snapshot(self.now_s())
-        self.cluster.prefills[t.accept.prefill].finish(t.request_id)
+        self.cluster.prefills[t.accept.prefill].finish(t.request_id, served)
 
     def release(self, t: Ticket) -> None:
         """Ends `t`'s bookkeeping and reports its outcome; idempotent."""

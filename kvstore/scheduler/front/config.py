@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from kvstore.auth import ListenerSecurity
 from kvstore.config import option
 from kvstore.errors import InvalidArgumentError
+from kvstore.scheduler.front.speed import WINDOW
 from kvstore.scheduler.registry import SCHEDULING_POLICIES
 from kvstore.scheduler.slo import SLO
 
@@ -42,6 +43,11 @@ class ConductorConfig(ListenerSecurity):
     dtype: str = option("float32", "the engines' --dtype")
     tenant_salt: str = option("", "the engines' --tenant-salt, hex")
     backend_block_tokens: int = option(16, "KV block size of the http:// engines, tokens")
+    speed_window: int = option(
+        WINDOW,
+        "first tokens (and decode gaps) the engines' speed is measured over, to scale the "
+        "profile's predictions by; 0: predict with the profile as it is",
+    )
     seed: int = option(0, "seeds the policy and the seeds drawn for unseeded sampling")
     engine_timeout_s: float = option(600.0, "deadline of one engine stream")
     ready_timeout_s: float = option(60.0, "how long to wait at start for every engine")
@@ -61,6 +67,8 @@ class ConductorConfig(ListenerSecurity):
             raise InvalidArgumentError(f"bad port: {self.port} / {self.grpc_port}")
         if self.backend_block_tokens < 1:
             raise InvalidArgumentError("backend_block_tokens must be >= 1")
+        if self.speed_window < 0:
+            raise InvalidArgumentError(f"speed_window must be >= 0: {self.speed_window}")
         if not self.engine_timeout_s > 0 or not self.ready_timeout_s > 0:
             raise InvalidArgumentError("engine_timeout_s and ready_timeout_s must be > 0")
         self.check_security()

@@ -2,12 +2,14 @@
 conductor's own bookkeeping, so the same policy objects decide live as in the simulator.
 
 - Prefill (`LivePrefill`): the requests the conductor has sent to the engine and not yet
-  seen finish, each with the work predicted when it was routed. The engine is taken to
-  serve them first-in first-out (the cost model's view): it is free, by prediction, at
-  `free_at_s`; a finish resets that to the real time when nothing is left, so errors of
-  the prediction do not pile up. Its local prefix cache is approximated by the full-block
-  ids the conductor sent it, an LRU set bounded by the engine's cache capacity (as
-  sgl-router's approximate radix tree).
+  seen finish, each with its work as the profile predicts it. The engine is taken to serve
+  them first-in first-out (the cost model's view): the work ahead of a new request is that
+  of every request still there, less the time the engine has spent since its last first
+  token on the oldest, all scaled by the measured prefill factor (`speed`). A request that
+  finishes takes its own work out of the queue, however long it took, so errors of the
+  prediction never pile up. Its local prefix cache is approximated by the full-block ids
+  the conductor sent it, an LRU set bounded by the engine's cache capacity (as sgl-router's
+  approximate radix tree).
 - Decode (`LiveDecode`): requests streaming from the engine (running: context = prompt +
   tokens generated so far, counted from the stream), those handed over but not yet
   streaming again (waiting: loading their KV or waiting for pages, holding none), and those
@@ -15,6 +17,10 @@ conductor's own bookkeeping, so the same policy objects decide live as in the si
 - The pool: `pool_prefix` answers from the store's match of the request being decided
   (`set_pool_match`, one Match call per request, before `decide`); chains that were not
   matched in this snapshot count as absent.
+- The cost model: the profile scaled by the engines' measured speed (`speed.SpeedRatio`,
+  prefill from busy time per first token, decode from the gaps between streamed tokens),
+  set at each `snapshot`. The view's `cost` is the model policies were built with, so they
+  predict with the measured speed too.
 
 Block ids: the engine namespace's block keys (`kvstore.keys.block_keys`, the keys engines
 publish under) as 64-bit ints, one per full block, plus one id for a trailing partial block
@@ -31,6 +37,8 @@ from typing import NamedTuple
 
 from kvstore.keys import Namespace, block_keys, tokens_to_bytes
 from kvstore.scheduler.cost_model import CostModel
+from kvstore.scheduler.decode_load import current_load
+from kvstore.scheduler.front.speed import WINDOW, SpeedRatio
 from kvstore.scheduler.sim.block_cache import LRUBlockCache
 from kvstore.scheduler.view import ClusterView, DecodeView, IncomingSeq, PrefillView, RunningSeq
 
@@ -64,35 +72,53 @@ def prompt_blocks(namespace: Namespace, prompt: Sequence[int]) -> PromptBlocks:
 
 
 class _Job(NamedTuple):
-    predicted_s: float
+    work_s: float  # predicted at the profile's speed
     uncached_len: int
 
 
 class LivePrefill(PrefillView):
-    """One prefill engine as the conductor has loaded it."""
+    """One prefill engine as the conductor has loaded it.
+
+    `speed`: the measured prefill factor (each first token here is an observation of it);
+    a `LiveCluster` shares one among its prefill engines.
+    """
 
     def __init__(self, cache_blocks: int) -> None:
         self.cache = LRUBlockCache(cache_blocks)
+        self.speed = SpeedRatio()
         self._jobs: OrderedDict[int, _Job] = OrderedDict()
-        self.free_at_s = 0.0
+        self._busy_since_s = 0.0  # the last first token, or the start of the busy period
         self.now_s = 0.0
 
     def enqueue(
-        self, request_id: int, predicted_s: float, uncached_len: int, full_ids: Sequence[int]
+        self, request_id: int, work_s: float, uncached_len: int, full_ids: Sequence[int]
     ) -> None:
-        """The conductor sent `request_id` here: its predicted work joins the queue and its
-        full blocks the approximate cache (the engine will hold them once it ran it)."""
-        self._jobs[request_id] = _Job(predicted_s, uncached_len)
-        self.free_at_s = max(self.now_s, self.free_at_s) + predicted_s
+        """The conductor sent `request_id` here, with `work_s` of work at the profile's
+        speed: it joins the queue, and its full blocks the approximate cache (the engine
+        will hold them once it ran it)."""
+        if not self._jobs:
+            self._busy_since_s = self.now_s
+        self._jobs[request_id] = _Job(work_s, uncached_len)
         self.cache.insert(full_ids)
 
-    def finish(self, request_id: int) -> None:
-        """The engine finished (or failed) `request_id`."""
-        if self._jobs.pop(request_id, None) is not None and not self._jobs:
-            self.free_at_s = self.now_s
+    def finish(self, request_id: int, served: bool = False) -> None:
+        """`request_id` left the queue: `served` when its first token came out (the time
+        since the engine's last first token is then its measured work), else it failed or
+        was cancelled. Idempotent."""
+        job = self._jobs.pop(request_id, None)
+        if job is None:
+            return
+        if served:
+            self.speed.observe(self.now_s - self._busy_since_s, job.work_s)
+        self._busy_since_s = self.now_s
 
     def queued_s(self) -> float:
-        return max(0.0, self.free_at_s - self.now_s)
+        if not self._jobs:
+            return 0.0
+        oldest, *rest = (job.work_s for job in self._jobs.values())
+        factor = self.speed.value
+        started = max(0.0, factor * oldest - (self.now_s - self._busy_since_s))
+        return started + factor * sum(rest)
 
     def num_queued(self) -> int:
         return len(self._jobs)
@@ -163,25 +189,51 @@ class LiveDecode(DecodeView):
 
 
 class LiveCluster(ClusterView):
-    """The conductor's engines at `now_s`; `snapshot` before each decision."""
+    """The conductor's engines at `now_s`; `snapshot` before each decision.
+
+    `cost`: the model the policy was built with. Its profile, as given, is the base; each
+    snapshot replaces it with the base scaled by the engines' measured speed (the prefill
+    factor shared by every prefill engine, the decode factor by every decode engine), each
+    over the last `speed_window` observations (0: the base stays).
+    """
 
     def __init__(
-        self, cost: CostModel, prefills: Sequence[LivePrefill], decodes: Sequence[LiveDecode]
+        self,
+        cost: CostModel,
+        prefills: Sequence[LivePrefill],
+        decodes: Sequence[LiveDecode],
+        speed_window: int = WINDOW,
     ) -> None:
         if not prefills or not decodes:
             raise ValueError("a cluster needs a prefill and a decode instance")
         self._cost = cost
+        self.base_profile = cost.profile
+        self._base_cost = CostModel(cost.profile)
         self.prefills = list(prefills)
         self.decodes = list(decodes)
+        self.prefill_speed = SpeedRatio(speed_window)
+        self.decode_speed = SpeedRatio(speed_window)
+        for p in self.prefills:
+            p.speed = self.prefill_speed
         self._now_s = 0.0
         self._pooled: frozenset[int] = frozenset()
 
     def snapshot(self, now_s: float) -> None:
-        """Moves the view's clock to `now_s` (never backwards) and forgets the pool match."""
+        """Moves the view's clock to `now_s` (never backwards), forgets the pool match and
+        scales the cost model by the speed measured so far."""
         self._now_s = max(self._now_s, now_s)
         for p in self.prefills:
             p.now_s = self._now_s
         self._pooled = frozenset()
+        speeds = (self.prefill_speed.value, self.decode_speed.value)
+        self._cost.profile = self.base_profile.scaled(*speeds)
+
+    def observe_decode(self, decode: int, gap_s: float, num_tokens: int) -> None:
+        """Decode instance `decode` streamed `num_tokens` tokens of a request `gap_s` after
+        its previous ones: that many steps of the batch it holds now."""
+        load = current_load(self.decodes[decode])
+        step_s = self._base_cost.decode_step_s(max(1, load.num_seqs), load.context_tokens)
+        self.decode_speed.observe(gap_s, num_tokens * step_s)
 
     def set_pool_match(self, hash_ids: Sequence[int], num_matched: int) -> None:
         """The store holds the first `num_matched` of `hash_ids` (this snapshot only)."""

@@ -15,6 +15,9 @@ Series (counters carry prometheus_client's ``_total`` suffix):
 - ``kvstore_conductor_engine_queued_requests{engine, role}``, ``..._engine_queued_seconds``
   (predicted work ahead), ``..._engine_decoding_requests``, ``..._engine_context_tokens``:
   each engine's queue as the conductor's view holds it, read at scrape time.
+- ``kvstore_conductor_speed_factor{phase}``: how many times the profile's time prefill and
+  decode work takes on the engines, as measured (`speed.SpeedRatio`); predictions are the
+  profile's times scaled by it.
 """
 
 from __future__ import annotations
@@ -121,4 +124,9 @@ class _QueueCollector(Collector):
         for dview, e in zip(self.cluster.decodes, self.decode, strict=True):
             decoding.add_metric([self.engines[e]], len(dview.running()) + len(dview.incoming()))
             context.add_metric([self.engines[e]], dview.context_tokens())
-        yield from (queued, seconds, decoding, context)
+        speed = GaugeMetricFamily(
+            "kvstore_conductor_speed_factor", "measured / profile time", labels=["phase"]
+        )
+        speed.add_metric(["prefill"], self.cluster.prefill_speed.value)
+        speed.add_metric(["decode"], self.cluster.decode_speed.value)
+        yield from (queued, seconds, decoding, context, speed)
