@@ -201,8 +201,8 @@ async def _replay(
         await server.stop()
     cluster = server.conductor.cluster
     speeds = {  # what the predictions were scaled by at the end of the run
-        "prefill_speed_factor": cluster.prefill_speed.value,
-        "decode_speed_factor": cluster.decode_speed.value,
+        "prefill_speed_factor": cluster.prefill_speed.factor(cluster.now_s),
+        "decode_speed_factor": cluster.decode_speed.factor(cluster.now_s),
     }
     return sorted(outcomes, key=lambda o: o.request_id), loads, copies | speeds
 

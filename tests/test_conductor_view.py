@@ -97,19 +97,36 @@ def test_a_prefill_queue_drains_in_real_time_and_a_finish_takes_out_its_own_work
 
 
 def test_the_speed_factor_is_measured_over_predicted_time_over_a_window():
-    speed = SpeedRatio(window=2)
-    assert speed.value == 1.0  # nothing seen: the profile as it is
-    speed.observe(3.0, 1.0)
-    speed.observe(1.0, 1.0)
-    assert speed.value == 2.0 and len(speed) == 2
-    speed.observe(0.5, 0.0)  # predicted free: tells nothing
-    speed.observe(2.0, 2.0)  # the window drops (3.0, 1.0)
-    assert speed.value == pytest.approx(1.0)
+    speed = SpeedRatio(window=2, max_age_s=10.0)
+    assert speed.factor(0.0) == 1.0  # nothing seen: the profile as it is
+    speed.observe(0.0, 3.0, 1.0)
+    speed.observe(1.0, 1.0, 1.0)
+    assert speed.factor(1.0) == 2.0 and len(speed) == 2
+    speed.observe(2.0, 0.5, 0.0)  # predicted free: tells nothing
+    speed.observe(3.0, 2.0, 2.0)  # the window drops the first
+    assert speed.factor(3.0) == pytest.approx(1.0)
     off = SpeedRatio(window=0)
-    off.observe(5.0, 1.0)
-    assert off.value == 1.0 and len(off) == 0
-    with pytest.raises(ValueError):
-        SpeedRatio(window=-1)
+    off.observe(0.0, 5.0, 1.0)
+    assert off.factor(0.0) == 1.0 and len(off) == 0
+    for bad in ({"window": -1}, {"max_age_s": 0.0}):
+        with pytest.raises(ValueError):
+            SpeedRatio(**bad)
+
+
+def test_a_measured_slowdown_expires_so_a_conductor_that_refuses_everything_measures_again():
+    cluster = _cluster(speed_window=8)
+    policy = make_scheduling_policy(
+        "cache-aware-predictive", PolicyContext(cluster.cost, SLO(0.1, 1.0))
+    )
+    pre = cluster.prefills[0]
+    pre.enqueue(0, 0.001, 10, [])
+    cluster.snapshot(10.0)
+    pre.finish(0, served=True)  # a stall: 10,000x the profile
+    cluster.snapshot(10.0)
+    assert isinstance(policy.decide(_request([1, 2, 3], 1, 10.0), cluster), Reject)
+    cluster.snapshot(10.0 + cluster.prefill_speed.max_age_s + 1.0)
+    assert cluster.prefill_speed.factor(cluster.now_s) == 1.0
+    assert isinstance(policy.decide(_request([1, 2, 3], 2, cluster.now_s), cluster), Accept)
 
 
 def test_each_first_token_measures_the_busy_time_since_the_engines_last_one():
@@ -119,13 +136,13 @@ def test_each_first_token_measures_the_busy_time_since_the_engines_last_one():
     p0.enqueue(1, 1.0, 10, [])
     cluster.snapshot(3.0)
     p0.finish(0, served=True)  # busy 0 -> 3 s for 1 s of predicted work
-    assert cluster.prefill_speed.value == 3.0 and p1.speed is cluster.prefill_speed
+    assert cluster.prefill_speed.factor(3.0) == 3.0 and p1.speed is cluster.prefill_speed
     assert p0.queued_s() == 3.0  # what is left, at the measured speed
     cluster.snapshot(4.0)
     assert p0.queued_s() == 2.0
     cluster.snapshot(5.0)
     p0.finish(1, served=True)  # 3 -> 5 s: its wait behind request 0 is not counted again
-    assert cluster.prefill_speed.value == pytest.approx(5.0 / 2.0)
+    assert cluster.prefill_speed.factor(5.0) == pytest.approx(5.0 / 2.0)
     cluster.snapshot(9.0)
     p0.enqueue(2, 1.0, 10, [])  # a new busy period: the idle time before it is nobody's
     cluster.snapshot(10.0)
@@ -158,9 +175,9 @@ def test_decode_gaps_measure_the_decode_step_of_the_batch_held():
     dec = cluster.decodes[0]
     dec.start(0, 100, 1)
     dec.start(1, 100, 1)  # 2 sequences: the profile's step is 10 + 2 x 10 ms
-    cluster.observe_decode(0, 0.06, 1)
-    cluster.observe_decode(0, 0.18, 2)  # two steps in one message
-    assert cluster.decode_speed.value == pytest.approx(0.24 / 0.09)
+    cluster.observe_decode(0, 0.0, 0.06, 1)
+    cluster.observe_decode(0, 0.0, 0.18, 2)  # two steps in one message
+    assert cluster.decode_speed.factor(0.0) == pytest.approx(0.24 / 0.09)
     cluster.snapshot(0.0)
     assert cluster.cost.decode_step_s(2, 200) == pytest.approx(0.24 / 0.09 * 0.03)
     assert cluster.cost.prefill_s(20) == COST.prefill_s(20)  # prefill measured nothing

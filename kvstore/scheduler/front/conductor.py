@@ -229,7 +229,7 @@ class Conductor:
         ahead_s = pre.queued_s()
         pre.enqueue(
             sched.request_id,
-            plan.seconds / pre.speed.value,  # the plan's time at the profile's own speed
+            plan.seconds / pre.speed.factor(self.cluster.now_s),  # at the profile's own speed
             sched.input_len - plan.cached_len,
             blocks.hash_ids[: blocks.num_full],
         )
@@ -272,9 +272,9 @@ class Conductor:
                 if self.roles.is_colocated:
                     dview.start(t.request_id, t.input_len, 0)
             elif msg.token_ids and self.roles.is_colocated:  # decode steps, after the first
-                self.cluster.observe_decode(
-                    t.accept.decode, self.now_s() - t.last_token_s, len(msg.token_ids)
-                )
+                now_s = self.now_s()
+                gap_s = now_s - t.last_token_s
+                self.cluster.observe_decode(t.accept.decode, now_s, gap_s, len(msg.token_ids))
             if msg.token_ids and self.roles.is_colocated:
                 dview.advance(t.request_id, len(msg.token_ids))
             if msg.token_ids:
@@ -299,7 +299,7 @@ class Conductor:
                 dview.advance(t.request_id, len(new))
                 now_s = self.now_s()
                 if last_s is not None and new:
-                    self.cluster.observe_decode(t.accept.decode, now_s - last_s, len(new))
+                    self.cluster.observe_decode(t.accept.decode, now_s, now_s - last_s, len(new))
                 last_s = now_s
             if new:
                 yield self._out(t, new)

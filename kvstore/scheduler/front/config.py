@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from kvstore.auth import ListenerSecurity
 from kvstore.config import option
 from kvstore.errors import InvalidArgumentError
-from kvstore.scheduler.front.speed import WINDOW
+from kvstore.scheduler.front.speed import MAX_AGE_S, WINDOW
 from kvstore.scheduler.registry import SCHEDULING_POLICIES
 from kvstore.scheduler.slo import SLO
 
@@ -48,6 +48,9 @@ class ConductorConfig(ListenerSecurity):
         "first tokens (and decode gaps) the engines' speed is measured over, to scale the "
         "profile's predictions by; 0: predict with the profile as it is",
     )
+    speed_max_age_s: float = option(
+        MAX_AGE_S, "seconds a measurement of the engines' speed counts for at most"
+    )
     seed: int = option(0, "seeds the policy and the seeds drawn for unseeded sampling")
     engine_timeout_s: float = option(600.0, "deadline of one engine stream")
     ready_timeout_s: float = option(60.0, "how long to wait at start for every engine")
@@ -67,8 +70,11 @@ class ConductorConfig(ListenerSecurity):
             raise InvalidArgumentError(f"bad port: {self.port} / {self.grpc_port}")
         if self.backend_block_tokens < 1:
             raise InvalidArgumentError("backend_block_tokens must be >= 1")
-        if self.speed_window < 0:
-            raise InvalidArgumentError(f"speed_window must be >= 0: {self.speed_window}")
+        if self.speed_window < 0 or not self.speed_max_age_s > 0:
+            raise InvalidArgumentError(
+                f"speed_window must be >= 0 and speed_max_age_s > 0: {self.speed_window}, "
+                f"{self.speed_max_age_s}"
+            )
         if not self.engine_timeout_s > 0 or not self.ready_timeout_s > 0:
             raise InvalidArgumentError("engine_timeout_s and ready_timeout_s must be > 0")
         self.check_security()

@@ -38,7 +38,7 @@ from typing import NamedTuple
 from kvstore.keys import Namespace, block_keys, tokens_to_bytes
 from kvstore.scheduler.cost_model import CostModel
 from kvstore.scheduler.decode_load import current_load
-from kvstore.scheduler.front.speed import WINDOW, SpeedRatio
+from kvstore.scheduler.front.speed import MAX_AGE_S, WINDOW, SpeedRatio
 from kvstore.scheduler.sim.block_cache import LRUBlockCache
 from kvstore.scheduler.view import ClusterView, DecodeView, IncomingSeq, PrefillView, RunningSeq
 
@@ -109,14 +109,14 @@ class LivePrefill(PrefillView):
         if job is None:
             return
         if served:
-            self.speed.observe(self.now_s - self._busy_since_s, job.work_s)
+            self.speed.observe(self.now_s, self.now_s - self._busy_since_s, job.work_s)
         self._busy_since_s = self.now_s
 
     def queued_s(self) -> float:
         if not self._jobs:
             return 0.0
         oldest, *rest = (job.work_s for job in self._jobs.values())
-        factor = self.speed.value
+        factor = self.speed.factor(self.now_s)
         started = max(0.0, factor * oldest - (self.now_s - self._busy_since_s))
         return started + factor * sum(rest)
 
@@ -194,7 +194,8 @@ class LiveCluster(ClusterView):
     `cost`: the model the policy was built with. Its profile, as given, is the base; each
     snapshot replaces it with the base scaled by the engines' measured speed (the prefill
     factor shared by every prefill engine, the decode factor by every decode engine), each
-    over the last `speed_window` observations (0: the base stays).
+    over the last `speed_window` observations (0: the base stays) of the last
+    `speed_max_age_s`.
     """
 
     def __init__(
@@ -203,6 +204,7 @@ class LiveCluster(ClusterView):
         prefills: Sequence[LivePrefill],
         decodes: Sequence[LiveDecode],
         speed_window: int = WINDOW,
+        speed_max_age_s: float = MAX_AGE_S,
     ) -> None:
         if not prefills or not decodes:
             raise ValueError("a cluster needs a prefill and a decode instance")
@@ -211,8 +213,8 @@ class LiveCluster(ClusterView):
         self._base_cost = CostModel(cost.profile)
         self.prefills = list(prefills)
         self.decodes = list(decodes)
-        self.prefill_speed = SpeedRatio(speed_window)
-        self.decode_speed = SpeedRatio(speed_window)
+        self.prefill_speed = SpeedRatio(speed_window, speed_max_age_s)
+        self.decode_speed = SpeedRatio(speed_window, speed_max_age_s)
         for p in self.prefills:
             p.speed = self.prefill_speed
         self._now_s = 0.0
@@ -225,15 +227,15 @@ class LiveCluster(ClusterView):
         for p in self.prefills:
             p.now_s = self._now_s
         self._pooled = frozenset()
-        speeds = (self.prefill_speed.value, self.decode_speed.value)
+        speeds = self.prefill_speed.factor(self._now_s), self.decode_speed.factor(self._now_s)
         self._cost.profile = self.base_profile.scaled(*speeds)
 
-    def observe_decode(self, decode: int, gap_s: float, num_tokens: int) -> None:
-        """Decode instance `decode` streamed `num_tokens` tokens of a request `gap_s` after
-        its previous ones: that many steps of the batch it holds now."""
+    def observe_decode(self, decode: int, now_s: float, gap_s: float, num_tokens: int) -> None:
+        """At `now_s`, decode instance `decode` streamed `num_tokens` tokens of a request
+        `gap_s` after its previous ones: that many steps of the batch it holds now."""
         load = current_load(self.decodes[decode])
         step_s = self._base_cost.decode_step_s(max(1, load.num_seqs), load.context_tokens)
-        self.decode_speed.observe(gap_s, num_tokens * step_s)
+        self.decode_speed.observe(now_s, gap_s, num_tokens * step_s)
 
     def set_pool_match(self, hash_ids: Sequence[int], num_matched: int) -> None:
         """The store holds the first `num_matched` of `hash_ids` (this snapshot only)."""

@@ -127,6 +127,7 @@ class _QueueCollector(Collector):
         speed = GaugeMetricFamily(
             "kvstore_conductor_speed_factor", "measured / profile time", labels=["phase"]
         )
-        speed.add_metric(["prefill"], self.cluster.prefill_speed.value)
-        speed.add_metric(["decode"], self.cluster.decode_speed.value)
+        now_s = self.cluster.now_s
+        speed.add_metric(["prefill"], self.cluster.prefill_speed.factor(now_s))
+        speed.add_metric(["decode"], self.cluster.decode_speed.factor(now_s))
         yield from (queued, seconds, decoding, context, speed)

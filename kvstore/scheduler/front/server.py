@@ -102,7 +102,7 @@ class ConductorServer:
         cost = CostModel(profile)
         prefills = [LivePrefill(profile.prefill_cache_blocks) for _ in roles.prefill]
         decodes = [LiveDecode(profile.decode_kv_capacity_tokens) for _ in roles.decode]
-        cluster = LiveCluster(cost, prefills, decodes, c.speed_window)
+        cluster = LiveCluster(cost, prefills, decodes, c.speed_window, c.speed_max_age_s)
         policy = make_scheduling_policy(c.policy, PolicyContext(cost, c.slo, c.seed))
         return Conductor(self.engines, roles, cluster, policy, namespace, self._store, seed=c.seed)
 

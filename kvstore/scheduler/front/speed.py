@@ -17,41 +17,55 @@ conductor itself sees, each the ratio of measured to predicted time over recent 
   the tokens it carried) of the batch the engine holds then; over the profile's step time
   of that batch, summed over recent gaps, it is the factor.
 
-Both are plain ratios of sums over a window of the last `WINDOW` observations, 1.0 before
-the first: they follow a machine whose load changes within a few dozen requests, and one
-slow request moves them by at most its share.
+Both are plain ratios of sums over the last `WINDOW` observations, 1.0 before the first:
+they follow a machine whose load changes within a few dozen requests, and one slow request
+moves them by at most its share. An observation also expires `MAX_AGE_S` after it was made:
+a conductor that once measured its engines slow (a stall) and then refused everything would
+otherwise never measure them again; once its observations have expired it predicts with the
+profile and measures anew.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from typing import NamedTuple
 
 WINDOW = 64  # observations a factor is measured over
+MAX_AGE_S = 60.0  # and none older than this
 MIN_FACTOR = 1e-6  # a profile is never taken to predict work as free
 
 
+class _Observation(NamedTuple):
+    at_s: float
+    measured_s: float
+    predicted_s: float
+
+
 class SpeedRatio:
-    """Measured over predicted seconds, over the last `window` observations; a window of 0
-    measures nothing (the factor stays 1.0: predictions are the profile's own)."""
+    """Measured over predicted seconds, over the last `window` observations made within
+    `max_age_s`; a window of 0 measures nothing (the factor stays 1.0: predictions are the
+    profile's own). Times are the caller's clock, never going backwards."""
 
-    def __init__(self, window: int = WINDOW) -> None:
-        if window < 0:
-            raise ValueError(f"window must be >= 0: {window}")
-        self._recent: deque[tuple[float, float]] = deque(maxlen=window)
+    def __init__(self, window: int = WINDOW, max_age_s: float = MAX_AGE_S) -> None:
+        if window < 0 or not max_age_s > 0:
+            raise ValueError(f"window must be >= 0 and max_age_s > 0: {window}, {max_age_s}")
+        self.max_age_s = max_age_s
+        self._recent: deque[_Observation] = deque(maxlen=window)
 
-    def observe(self, measured_s: float, predicted_s: float) -> None:
-        """One piece of work took `measured_s`; the profile predicted `predicted_s`.
-        Work the profile predicts no time for tells nothing and is not counted."""
+    def observe(self, now_s: float, measured_s: float, predicted_s: float) -> None:
+        """At `now_s`, a piece of work took `measured_s` where the profile predicted
+        `predicted_s`. Work the profile predicts no time for tells nothing: not counted."""
         if predicted_s > 0 and measured_s >= 0 and self._recent.maxlen:
-            self._recent.append((measured_s, predicted_s))
+            self._recent.append(_Observation(now_s, measured_s, predicted_s))
 
-    @property
-    def value(self) -> float:
-        """The factor: 1.0 until something was observed."""
+    def factor(self, now_s: float) -> float:
+        """The factor at `now_s`: 1.0 while no observation is recent enough."""
+        while self._recent and self._recent[0].at_s < now_s - self.max_age_s:
+            self._recent.popleft()
         if not self._recent:
             return 1.0
-        measured = sum(m for m, _ in self._recent)
-        predicted = sum(p for _, p in self._recent)
+        measured = sum(o.measured_s for o in self._recent)
+        predicted = sum(o.predicted_s for o in self._recent)
         return max(measured / predicted, MIN_FACTOR)
 
     def __len__(self) -> int:
