@@ -9,7 +9,8 @@ repeated prompt reports cached tokens; a request over its TBT SLO is refused at 
 /health answers; a client that leaves mid-stream frees the engine. The conductors decide on
 a fixed test profile that they do not scale by the engines' measured speed
 (`--speed-window 0`), so their predictions, and with them their decisions, do not depend on
-this machine's speed; one more conductor measures it.
+this machine's speed; the round-robin conductor of the "both" engine and one more conductor
+over the split engines measure it.
 """
 
 from __future__ import annotations
@@ -121,7 +122,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         both_log = procs[-1].log_path
         split = [engines["p0"], engines["p1"], engines["d0"]]
         split_c = _conductor(tmp, "split", split, store.address, "cache-aware-predictive")
-        both_c = _conductor(tmp, "both", [engines["b0"]], "", "round-robin")
+        # Round-robin decides on no prediction: this one measures its engine's speed.
+        both_c = _conductor(tmp, "both", [engines["b0"]], "", "round-robin", speed_window=8)
         procs += [split_c, both_c]
         s_http, s_grpc = wait_until(lambda: _ports(split_c), 90.0, "the conductor serves")
         b_http, _ = wait_until(lambda: _ports(both_c), 90.0, "the both conductor serves")
@@ -322,8 +324,22 @@ def test_a_conductor_scales_its_profile_by_the_engines_measured_speed(cluster, t
         _, after = _get(base + "/metrics")
     finally:
         assert proc.stop() == 0
-    factor = 'kvstore_conductor_speed_factor{phase="%s"}'
     for phase in ("prefill", "decode"):
-        assert _value(before, factor % phase) == 1.0  # nothing measured yet: the profile's
-        measured = _value(after, factor % phase)
+        assert _speed(before, phase) == 1.0  # nothing measured yet: the profile's
+        measured = _speed(after, phase)
         assert measured > 0 and measured != 1.0, (phase, measured)
+
+
+def test_a_both_engines_conductor_measures_its_decode_steps_too(cluster):
+    prompt = _prompt(50, BLOCK + 3)
+    _client(cluster.both_http).completions.create(
+        model="tiny", prompt=prompt, max_tokens=4, temperature=0
+    )
+    _, text = _get(cluster.both_http + "/metrics")
+    for phase in ("prefill", "decode"):  # a request served whole measures both
+        measured = _speed(text, phase)
+        assert measured > 0 and measured != 1.0, (phase, measured)
+
+
+def _speed(metrics: str, phase: str) -> float:
+    return _value(metrics, f'kvstore_conductor_speed_factor{{phase="{phase}"}}')
