@@ -13,6 +13,7 @@ from kvstore.scheduler import SLO, Accept, PolicyContext, Reject, RejectReason
 from kvstore.scheduler.cost_model import CostModel
 from kvstore.scheduler.front.completion import CompletionOutcome
 from kvstore.scheduler.front.conductor import Roles
+from kvstore.scheduler.front.config import ConductorConfig
 from kvstore.scheduler.front.http_api import parse_request
 from kvstore.scheduler.front.live_view import (
     LiveCluster,
@@ -181,6 +182,14 @@ def test_decode_gaps_measure_the_decode_step_of_the_batch_held():
     cluster.snapshot(0.0)
     assert cluster.cost.decode_step_s(2, 200) == pytest.approx(0.24 / 0.09 * 0.03)
     assert cluster.cost.prefill_s(20) == COST.prefill_s(20)  # prefill measured nothing
+
+
+def test_the_speed_settings_are_checked_at_start():
+    assert ConductorConfig(engines="127.0.0.1:1", speed_window=0).speed_window == 0
+    bad = ({"speed_window": -1}, {"speed_max_age_s": 0.0}, {"speed_max_age_s": float("nan")})
+    for settings in bad:
+        with pytest.raises(InvalidArgumentError, match="speed_"):
+            ConductorConfig(engines="127.0.0.1:1", **settings)
 
 
 def test_a_profile_scales_its_prefill_and_decode_times_and_keeps_its_sizes():
