@@ -264,6 +264,24 @@ def test_a_client_that_leaves_mid_stream_frees_the_engine(cluster):
     assert (load.num_running, load.num_free_pages) == (0, load.num_pages)
 
 
+def test_a_client_that_hangs_up_on_a_whole_answer_frees_the_engine(cluster):
+    aborts = cluster.both_engine_log.read_text().count("event=abort")
+    client = openai.OpenAI(
+        base_url=cluster.both_http + "/v1", api_key="none", max_retries=0, timeout=1.0
+    )
+    with pytest.raises(openai.APITimeoutError):  # 3,000 tokens take longer than 1 s here
+        client.completions.create(
+            model="tiny", prompt=_prompt(10, BLOCK + 3), max_tokens=3000, temperature=0
+        )
+    what = "the engine aborts the request"
+    wait_until(
+        lambda: cluster.both_engine_log.read_text().count("event=abort") > aborts, 30.0, what
+    )
+    with EngineClient(cluster.both_engine, timeout_s=60.0) as engine:
+        load = engine.load()
+    assert (load.num_running, load.num_free_pages) == (0, load.num_pages)
+
+
 def test_a_conductor_fronts_an_openai_compatible_server(cluster):
     prompt = _prompt(9, 3 * BLOCK + 2)
     client = _client(cluster.front_http)

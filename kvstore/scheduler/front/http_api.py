@@ -18,7 +18,8 @@ A request the policy refuses gets 429 at once: ``error.reason``, ``error.predict
 ``error.limit`` and ``error.retry_after_s`` in the body, ``Retry-After`` (whole seconds,
 rounded up) unless it can never fit. Bad input is 400; an engine that fails before the
 first token is 503 (400 if it refused the input); after it, the stream carries
-``data: {"error": ...}`` and ends without ``[DONE]``.
+``data: {"error": ...}`` and ends without ``[DONE]``. A client that hangs up, streaming or
+not, ends its request on the engines.
 """
 
 from __future__ import annotations

@@ -129,7 +129,9 @@ class ConductorServer:
     async def _start_http(self, addresses: list[str]) -> None:
         c = self.config
         api = HttpApi(self.conductor, self.metrics, c.slo, self.health, addresses, self._auth)
-        self._runner = web.AppRunner(api.app(), access_log=None)
+        # A client that hangs up cancels its handler: its request is aborted on the engines
+        # (a stream notices at its next write; a whole answer would otherwise run to its end).
+        self._runner = web.AppRunner(api.app(), access_log=None, handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, c.host, c.port, ssl_context=_ssl_context(c))
         await site.start()
