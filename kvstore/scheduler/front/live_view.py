@@ -39,6 +39,7 @@ from kvstore.keys import Namespace, block_keys, tokens_to_bytes
 from kvstore.scheduler.cost_model import CostModel
 from kvstore.scheduler.decode_load import current_load
 from kvstore.scheduler.front.speed import MAX_AGE_S, WINDOW, SpeedRatio
+from kvstore.scheduler.profile import CostProfile
 from kvstore.scheduler.sim.block_cache import LRUBlockCache
 from kvstore.scheduler.view import ClusterView, DecodeView, IncomingSeq, PrefillView, RunningSeq
 
@@ -209,12 +210,12 @@ class LiveCluster(ClusterView):
         if not prefills or not decodes:
             raise ValueError("a cluster needs a prefill and a decode instance")
         self._cost = cost
-        self.base_profile = cost.profile
         self._base_cost = CostModel(cost.profile)
         self.prefills = list(prefills)
         self.decodes = list(decodes)
         self.prefill_speed = SpeedRatio(speed_window, speed_max_age_s)
         self.decode_speed = SpeedRatio(speed_window, speed_max_age_s)
+        self._speeds = (1.0, 1.0)  # the factors the cost model is scaled by
         for p in self.prefills:
             p.speed = self.prefill_speed
         self._now_s = 0.0
@@ -228,7 +229,14 @@ class LiveCluster(ClusterView):
             p.now_s = self._now_s
         self._pooled = frozenset()
         speeds = self.prefill_speed.factor(self._now_s), self.decode_speed.factor(self._now_s)
-        self._cost.profile = self.base_profile.scaled(*speeds)
+        if speeds != self._speeds:  # a new profile only when a factor moved
+            self._speeds = speeds
+            self._cost.profile = self.base_profile.scaled(*speeds)
+
+    @property
+    def base_profile(self) -> CostProfile:
+        """The profile as given, before any scaling."""
+        return self._base_cost.profile
 
     def observe_decode(self, decode: int, now_s: float, gap_s: float, num_tokens: int) -> None:
         """At `now_s`, decode instance `decode` streamed `num_tokens` tokens of a request

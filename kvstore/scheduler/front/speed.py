@@ -50,23 +50,36 @@ class SpeedRatio:
         if window < 0 or not max_age_s > 0:
             raise ValueError(f"window must be >= 0 and max_age_s > 0: {window}, {max_age_s}")
         self.max_age_s = max_age_s
-        self._recent: deque[_Observation] = deque(maxlen=window)
+        self._window = window
+        self._recent: deque[_Observation] = deque()
+        self._measured_s = 0.0  # sums over `_recent`, kept as it changes (read per decision)
+        self._predicted_s = 0.0
 
     def observe(self, now_s: float, measured_s: float, predicted_s: float) -> None:
         """At `now_s`, a piece of work took `measured_s` where the profile predicted
         `predicted_s`. Work the profile predicts no time for tells nothing: not counted."""
-        if predicted_s > 0 and measured_s >= 0 and self._recent.maxlen:
+        if predicted_s > 0 and measured_s >= 0 and self._window:
+            if len(self._recent) == self._window:
+                self._drop_oldest()
             self._recent.append(_Observation(now_s, measured_s, predicted_s))
+            self._measured_s += measured_s
+            self._predicted_s += predicted_s
 
     def factor(self, now_s: float) -> float:
         """The factor at `now_s`: 1.0 while no observation is recent enough."""
         while self._recent and self._recent[0].at_s < now_s - self.max_age_s:
-            self._recent.popleft()
+            self._drop_oldest()
         if not self._recent:
             return 1.0
-        measured = sum(o.measured_s for o in self._recent)
-        predicted = sum(o.predicted_s for o in self._recent)
-        return max(measured / predicted, MIN_FACTOR)
+        return max(self._measured_s / self._predicted_s, MIN_FACTOR)
+
+    def _drop_oldest(self) -> None:
+        old = self._recent.popleft()
+        if self._recent:
+            self._measured_s -= old.measured_s
+            self._predicted_s -= old.predicted_s
+        else:  # empty: start the sums afresh rather than carry rounding
+            self._measured_s = self._predicted_s = 0.0
 
     def __len__(self) -> int:
         return len(self._recent)
