@@ -1,12 +1,13 @@
 """Suite `dataplane`: put and get throughput and latency, kvstore against its limits and peers.
 
 One run, one machine, every peer in its own process: memcpy (the limit), a raw TCP socket,
-raw ucxx (the transport limit; also restricted to TCP), kvstore over UCX, over UCX
-restricted to TCP (`UCX_TLS=tcp`, as across hosts) and over gRPC, Redis (redis-py pipeline,
-how LMCache's Redis backend moves KV) and Mooncake Store over TCP (the `peers` extra).
-Each row times `reps` batches of `batch` blocks; the targets are ratios within the run,
-per block size: kvstore against memcpy (the limit of one copy), Mooncake Store (the peer) and,
-over TCP, a raw TCP socket.
+raw ucxx (the transport limit; also restricted to TCP), kvstore over shared memory (what a
+client on the node's host uses), over UCX, over UCX restricted to TCP (`UCX_TLS=tcp`, as
+across hosts) and over gRPC, Redis (redis-py pipeline, how LMCache's Redis backend moves KV)
+and Mooncake Store over TCP (the `peers` extra). Each row times `reps` batches of `batch`
+blocks; the targets are ratios within the run, per block size: kvstore on the same host
+against memcpy (the limit of one copy) and Mooncake Store (the peer) and, over TCP, against
+a raw TCP socket.
 """
 
 from __future__ import annotations
@@ -33,20 +34,21 @@ BLOCK_BYTES = (64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
 BATCHES = (1, 64)
 OPS = ("put", "get")
 SYSTEMS = (
-    "memcpy", "crc32c", "tcp-socket", "ucxx-raw", "ucxx-raw-tcp", "kvstore-ucx",
-    "kvstore-ucx-tcp", "kvstore-grpc", "redis", "mooncake",
+    "memcpy", "crc32c", "tcp-socket", "ucxx-raw", "ucxx-raw-tcp", "kvstore-shm",
+    "kvstore-ucx", "kvstore-ucx-tcp", "kvstore-grpc", "redis", "mooncake",
 )  # fmt: skip
 # UCX over TCP, tuned: bigger segments and more rendezvous lanes than the defaults.
 UCX_TCP_ENV = {"UCX_TLS": "tcp", "UCX_TCP_TX_SEG_SIZE": "512k", "UCX_TCP_RX_SEG_SIZE": "512k"}
 # (column, numerator system, op, denominator system, op, at least, from block size); ratios
-# of GB/s at batch 64, per block size, targets from that size up (none: reported only).
+# of GB/s at batch 64, per block size, targets from that size up (none: reported only). On
+# the node's host a client moves bytes over shared memory ("auto" picks it), elsewhere UCX.
 RATIOS = (
-    ("put/memcpy", "kvstore-ucx", "put", "memcpy", "put", 0.6, 1 << 20),
-    ("put/mooncake", "kvstore-ucx", "put", "mooncake", "put", 1.0, 256 << 10),
-    ("put/raw-ucxx", "kvstore-ucx", "put", "ucxx-raw", "put", None, 0),
-    ("get/memcpy", "kvstore-ucx", "get", "memcpy", "get", 0.8, 1 << 20),
-    ("get/mooncake", "kvstore-ucx", "get", "mooncake", "get", 1.0, 256 << 10),
-    ("get/raw-ucxx", "kvstore-ucx", "get", "ucxx-raw", "get", None, 0),
+    ("put/memcpy", "kvstore-shm", "put", "memcpy", "put", 0.6, 1 << 20),
+    ("put/mooncake", "kvstore-shm", "put", "mooncake", "put", 1.0, 256 << 10),
+    ("ucx put/raw-ucxx", "kvstore-ucx", "put", "ucxx-raw", "put", None, 0),
+    ("get/memcpy", "kvstore-shm", "get", "memcpy", "get", 0.8, 1 << 20),
+    ("get/mooncake", "kvstore-shm", "get", "mooncake", "get", 1.0, 256 << 10),
+    ("ucx get/raw-ucxx", "kvstore-ucx", "get", "ucxx-raw", "get", None, 0),
     ("tcp get/tcp-socket", "kvstore-ucx-tcp", "get", "tcp-socket", "get", 0.9, 0),
     ("tcp put/tcp-socket", "kvstore-ucx-tcp", "put", "tcp-socket", "put", None, 0),
 )
@@ -179,7 +181,7 @@ def _kvstore_server(env: dict[str, str], dataplane: str) -> Iterator[str]:
 
 
 def _run_kvstore(quick: bool, transport: str, env: dict[str, str]) -> dict:
-    with _kvstore_server(env, "ucx" if transport == "ucx" else "none") as address:
+    with _kvstore_server(env, transport if transport in ("shm", "ucx") else "none") as address:
         reps = {c: _reps(c[1], c[2], quick) for c in _cells()}
         return _drive(_kvstore_cells, address, transport, reps, env=env)
 
@@ -287,6 +289,7 @@ RUNNERS: dict[str, Callable[[bool], dict]] = {
     "tcp-socket": _run_tcp,
     "ucxx-raw": lambda q: _run_ucxx(q, {}),
     "ucxx-raw-tcp": lambda q: _run_ucxx(q, UCX_TCP_ENV),
+    "kvstore-shm": lambda q: _run_kvstore(q, "shm", {}),
     "kvstore-ucx": lambda q: _run_kvstore(q, "ucx", {}),
     "kvstore-ucx-tcp": lambda q: _run_kvstore(q, "ucx", UCX_TCP_ENV),
     "kvstore-grpc": lambda q: _run_kvstore(q, "grpc", {}),
@@ -333,8 +336,10 @@ def _gbps(rows: list[Row], system: str, op: str, size: int) -> float | None:
 def _ratio_row(rows: list[Row], size: int) -> Row:
     """One block size: kvstore's GB/s, its ratio to each baseline, and the targets missed."""
     out: Row = {"block_bytes": size}
-    out["put_gbps"] = _gbps(rows, "kvstore-ucx", "put", size)
-    out["get_gbps"] = _gbps(rows, "kvstore-ucx", "get", size)
+    out["put_gbps"] = _gbps(rows, "kvstore-shm", "put", size)
+    out["get_gbps"] = _gbps(rows, "kvstore-shm", "get", size)
+    out["ucx_put_gbps"] = _gbps(rows, "kvstore-ucx", "put", size)
+    out["ucx_get_gbps"] = _gbps(rows, "kvstore-ucx", "get", size)
     missed = []
     for column, num, num_op, den, den_op, at_least, from_size in RATIOS:
         a, b = _gbps(rows, num, num_op, size), _gbps(rows, den, den_op, size)

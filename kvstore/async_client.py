@@ -40,11 +40,11 @@ from kvstore.client_common import (
     put_result,
     raise_rpc_error,
 )
-from kvstore.dataplane import TRANSPORTS, DataPlaneClient, is_available
+from kvstore.dataplane import DataPlaneClient
 from kvstore.dataplane.base import Admission
 from kvstore.dataplane.buffers import as_transfer_buffer
 from kvstore.dataplane.retry import REFUSALS, HandshakeRetry
-from kvstore.dataplane.runtime import client_net_devices
+from kvstore.dataplane.selection import Selection
 from kvstore.keys import Namespace
 from kvstore.results import (
     NO_RESERVATION,
@@ -79,6 +79,7 @@ class AsyncClient:
         self.chunk_bytes = chunk_bytes
         self.transport = transport
         self._dataplane: DataPlaneClient | None = None
+        self._selection = Selection(transport, address, timeout_s)
         self.dataplane_retry = dataplane_retry or HandshakeRetry()
         self._dataplane_lock = asyncio.Lock()
         options = [
@@ -110,17 +111,14 @@ class AsyncClient:
 
     # -- data plane ----------------------------------------------------------------------
 
-    async def _handshake(self, client_address: bytes) -> tuple[bytes, Admission]:
-        request = pb.DataPlaneInfoRequest(transport="ucx", client_address=client_address)
+    async def _handshake(self, transport: str, client_address: bytes) -> tuple[bytes, Admission]:
+        request = pb.DataPlaneInfoRequest(transport=transport, client_address=client_address)
         response = await self._call(self._stub.DataPlaneInfo, request)
         return response.server_address, Admission(response.client_id, response.connection_secret)
 
     async def data_plane(self) -> DataPlaneClient | None:
-        """The UCX connection `get_into`/`put` use, made on first use; None means gRPC.
-
-        With transport "ucx" raises UnavailableError where "auto" falls back to gRPC, and
-        tries again when `dataplane_retry` says (`kvstore.dataplane.retry`).
-        """
+        """`Client.data_plane`: the data-plane connection, made on first use (on a worker
+        thread, so this loop keeps running); None means gRPC."""
         if self.transport == "grpc":
             return None
         async with self._dataplane_lock:
@@ -130,23 +128,18 @@ class AsyncClient:
                 return None  # refused a moment ago: gRPC until the retry is due
             loop = asyncio.get_running_loop()
 
-            def handshake(client_address: bytes) -> tuple[bytes, Admission]:
+            def handshake(transport: str, client_address: bytes) -> tuple[bytes, Admission]:
                 # Called on a worker thread while this loop is free to run the call.
-                call = self._handshake(client_address)
+                call = self._handshake(transport, client_address)
                 return asyncio.run_coroutine_threadsafe(call, loop).result()
 
             try:
-                if not is_available():
-                    raise errors.UnavailableError("ucxx is not installed here")
-                client = TRANSPORTS["ucx"].client
-                self._dataplane = await asyncio.to_thread(
-                    client, handshake, self.timeout_s, net_devices=client_net_devices(self.address)
-                )
+                self._dataplane = await asyncio.to_thread(self._selection.open, handshake)
             except REFUSALS as exc:
-                if self.transport == "ucx":
+                if self.transport != "auto":
                     raise
-                if not self.dataplane_retry.refused(self.address, exc):
-                    self.transport = "grpc"  # no ucxx in this process: for good
+                if not self.dataplane_retry.refused(self.address, exc, self._selection.can_succeed):
+                    self.transport = "grpc"  # no data plane reachable from here: for good
                 return None
             self.dataplane_retry.succeeded()
             return self._dataplane

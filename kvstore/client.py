@@ -41,11 +41,11 @@ from kvstore.client_common import (
     put_result,
     raise_rpc_error,
 )
-from kvstore.dataplane import TRANSPORTS, DataPlaneClient, is_available
+from kvstore.dataplane import DataPlaneClient
 from kvstore.dataplane.base import Admission
 from kvstore.dataplane.buffers import as_transfer_buffer
 from kvstore.dataplane.retry import REFUSALS, HandshakeRetry
-from kvstore.dataplane.runtime import client_net_devices
+from kvstore.dataplane.selection import Selection
 from kvstore.keys import Namespace
 from kvstore.results import (
     NO_RESERVATION,
@@ -66,9 +66,10 @@ class Client:
         address: "host:port" of a store node.
         timeout_s: deadline of every call.
         chunk_bytes: size of the byte chunks streamed on the gRPC path.
-        transport: how `get_into`/`put` move bytes: "ucx" (the data plane, or raise
-            UnavailableError), "grpc" (the portable path), "auto" (ucx when both ends
-            have it, else grpc).
+        transport: how `get_into`/`put` move bytes: "shm" (shared memory with a node on
+            this host) or "ucx" (the data plane, or raise UnavailableError), "grpc" (the
+            portable path), "auto" (shm on the node's host, else ucx when both ends have
+            it, else grpc).
         auth_token: bearer token sent with every call (a node with --auth-token-file
             answers calls without a known one UNAUTHENTICATED).
         tls_ca: PEM file of the CA the node's certificate chains to: connect over TLS.
@@ -98,6 +99,7 @@ class Client:
         self.chunk_bytes = chunk_bytes
         self.transport = transport
         self._dataplane: DataPlaneClient | None = None
+        self._selection = Selection(transport, address, timeout_s)
         self.dataplane_retry = dataplane_retry or HandshakeRetry()
         self._dataplane_lock = threading.Lock()
         options = [
@@ -129,16 +131,17 @@ class Client:
 
     # -- data plane ----------------------------------------------------------------------
 
-    def _handshake(self, client_address: bytes) -> tuple[bytes, Admission]:
-        request = pb.DataPlaneInfoRequest(transport="ucx", client_address=client_address)
+    def _handshake(self, transport: str, client_address: bytes) -> tuple[bytes, Admission]:
+        request = pb.DataPlaneInfoRequest(transport=transport, client_address=client_address)
         response = self._call(self._stub.DataPlaneInfo, request)
         return response.server_address, Admission(response.client_id, response.connection_secret)
 
     def data_plane(self) -> DataPlaneClient | None:
-        """The UCX connection `get_into`/`put` use, made on first use; None means gRPC.
+        """The data-plane connection `get_into`/`put` use (`kvstore.dataplane.selection`:
+        shared memory on the node's host, else UCX), made on first use; None means gRPC.
 
-        With transport "ucx" raises UnavailableError where "auto" falls back to gRPC, and
-        tries again when `dataplane_retry` says (`kvstore.dataplane.retry`).
+        With transport "shm" or "ucx" raises UnavailableError where "auto" falls back to
+        gRPC, and tries again when `dataplane_retry` says (`kvstore.dataplane.retry`).
         """
         if self.transport == "grpc":
             return None
@@ -148,16 +151,12 @@ class Client:
             if self.transport == "auto" and not self.dataplane_retry.is_due:
                 return None  # refused a moment ago: gRPC until the retry is due
             try:
-                if not is_available():
-                    raise errors.UnavailableError("ucxx is not installed here")
-                self._dataplane = TRANSPORTS["ucx"].client(
-                    self._handshake, self.timeout_s, net_devices=client_net_devices(self.address)
-                )
+                self._dataplane = self._selection.open(self._handshake)
             except REFUSALS as exc:
-                if self.transport == "ucx":
+                if self.transport != "auto":
                     raise
-                if not self.dataplane_retry.refused(self.address, exc):
-                    self.transport = "grpc"  # no ucxx in this process: for good
+                if not self.dataplane_retry.refused(self.address, exc, self._selection.can_succeed):
+                    self.transport = "grpc"  # no data plane reachable from here: for good
                 return None
             self.dataplane_retry.succeeded()
             return self._dataplane

@@ -1,8 +1,9 @@
 """A store node: its settings (`ServerConfig`), the gRPC service (grpc.aio) over
 `kvstore.servicer.KVStoreServicer`, health, metrics, `serve()` and `EmbeddedServer`.
 
-Beside it runs the data plane (`kvstore.dataplane`, UCX) on its own thread: `DataPlaneInfo`
-hands a client the node's worker address, and bulk bytes then bypass gRPC entirely.
+Beside it run the data planes (`kvstore.dataplane`: shared memory for clients on this host,
+UCX for all) on their own threads: `DataPlaneInfo` hands a client a plane's address, and
+bulk bytes then bypass gRPC entirely.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import grpc
@@ -44,7 +46,11 @@ class ServerConfig(TenancySettings, ListenerSecurity):
     chunk_bytes: int = option(1 << 20, "size of the byte chunks streamed by Get", parse_bytes)
     grace_s: float = option(5.0, "on SIGTERM, how long in-flight calls may finish")
     expire_interval_s: float = option(1.0, "how often expired leases and reservations are swept")
-    dataplane: str = option("auto", "bulk byte transport: auto (ucx if installed), ucx, none")
+    dataplane: str = option(
+        "auto",
+        "bulk byte transports: auto (shm for clients on this host, and ucx if installed), "
+        "ucx, shm, none",
+    )
     ucx_error_handling: bool = option(
         False, "UCX peer error handling (fails fast on a dead peer, but disables shared memory)"
     )
@@ -59,14 +65,21 @@ class ServerConfig(TenancySettings, ListenerSecurity):
     dataplane_idle_timeout_s: float = option(
         300.0, "a data-plane connection silent this long is dropped (clients ping every 30 s)"
     )
+    max_shm_region_bytes: int = option(
+        1 << 30, "largest shared-memory region a same-host client may hand over", parse_bytes
+    )
     metrics_port: int = option(0, "port of the Prometheus /metrics endpoint on --host (0: off)")
 
     def __post_init__(self) -> None:
         for name in ("port", "metrics_port"):
             if not 0 <= getattr(self, name) < 65536:
                 raise InvalidArgumentError(f"{name} out of range: {getattr(self, name)}")
-        if self.dataplane not in ("auto", "ucx", "none"):
-            raise InvalidArgumentError(f"dataplane must be auto, ucx or none: {self.dataplane!r}")
+        if self.dataplane not in ("auto", "ucx", "shm", "none"):
+            raise InvalidArgumentError(
+                f"dataplane must be auto, ucx, shm or none: {self.dataplane!r}"
+            )
+        if self.max_shm_region_bytes < 64 << 10:
+            raise InvalidArgumentError("max_shm_region_bytes must be at least 64KiB")
         if self.transfer_timeout_s <= 0:
             raise InvalidArgumentError("transfer_timeout_s must be positive")
         if min(self.max_dataplane_connections, self.max_dataplane_connections_per_peer) < 1:
@@ -90,20 +103,21 @@ class ServerConfig(TenancySettings, ListenerSecurity):
         ]
 
 
-def make_dataplane(
+def make_dataplanes(
     store: Store,
     config: ServerConfig,
     metrics: CallMetrics | None = None,
     tenants: Tenants | None = None,
-) -> DataPlaneServer | None:
-    """The node's UCX data plane, or None when disabled (or absent, with `auto`)."""
+) -> dict[str, DataPlaneServer]:
+    """The node's data planes by transport name: "shm" for clients on this host and "ucx"
+    (if installed, with `auto`), as `config.dataplane` says; empty when disabled."""
     from kvstore.dataplane import TRANSPORTS, is_available
     from kvstore.dataplane.base import ServerSettings
     from kvstore.dataplane.runtime import net_devices_for
 
-    if config.dataplane == "none" or (config.dataplane == "auto" and not is_available()):
-        log.info("event=dataplane_off setting=%s", config.dataplane)
-        return None
+    names = {"auto": ["shm", "ucx"], "ucx": ["ucx"], "shm": ["shm"], "none": []}[config.dataplane]
+    if config.dataplane == "auto" and not is_available():
+        names.remove("ucx")
     settings = ServerSettings(
         timeout_s=config.transfer_timeout_s,
         error_handling=config.ucx_error_handling,
@@ -112,14 +126,16 @@ def make_dataplane(
         max_connections_per_peer=config.max_dataplane_connections_per_peer,
         hello_timeout_s=config.dataplane_hello_timeout_s,
         idle_timeout_s=config.dataplane_idle_timeout_s,
+        max_region_bytes=config.max_shm_region_bytes,
     )
-    dataplane = TRANSPORTS["ucx"].server(store, settings, metrics, tenants)
+    planes = {name: TRANSPORTS[name].server(store, settings, metrics, tenants) for name in names}
     log.info(
-        "event=dataplane_on transport=ucx error_handling=%s net_devices=%s",
+        "event=dataplane transports=%s ucx_error_handling=%s net_devices=%s",
+        ",".join(names) or "none",
         config.ucx_error_handling,
         settings.net_devices or "all",
     )
-    return dataplane
+    return planes
 
 
 async def _expire_forever(store: Store, interval_s: float) -> None:
@@ -142,7 +158,7 @@ def start_metrics(store: Store, config: ServerConfig) -> tuple[CallMetrics, Metr
 async def start_server(
     store: Store,
     config: ServerConfig,
-    dataplane: DataPlaneServer | None = None,
+    dataplanes: Mapping[str, DataPlaneServer] | None = None,
     metrics: CallMetrics | None = None,
     tenants: Tenants | None = None,
 ) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
@@ -150,7 +166,7 @@ async def start_server(
     its health servicer and port."""
     server = grpc.aio.server(options=config.grpc_options)
     auth = config.authenticator()
-    servicer = KVStoreServicer(store, config.chunk_bytes, dataplane, tenants, auth)
+    servicer = KVStoreServicer(store, config.chunk_bytes, dataplanes or {}, tenants, auth)
     # Malformed requests: INVALID_ARGUMENT; without a known token: UNAUTHENTICATED.
     grpc_service.register(server, servicer, metrics=metrics, auth=auth)
     health_servicer = health.aio.HealthServicer()
@@ -184,8 +200,8 @@ async def serve(store_config: StoreConfig, config: ServerConfig) -> None:
     store, tenants = make_store(store_config, config)
     metrics = start_metrics(store, config)
     call_metrics = metrics[0] if metrics else None
-    dataplane = make_dataplane(store, config, call_metrics, tenants)
-    started = await start_server(store, config, dataplane, call_metrics, tenants)
+    dataplanes = make_dataplanes(store, config, call_metrics, tenants)
+    started = await start_server(store, config, dataplanes, call_metrics, tenants)
     server, health_servicer, port = started
     log.info(
         "event=serving address=%s:%d dram_bytes=%d policy=%s",
@@ -203,7 +219,7 @@ async def serve(store_config: StoreConfig, config: ServerConfig) -> None:
     log.info("event=draining grace_s=%s", config.grace_s)
     await health_servicer.enter_graceful_shutdown()
     await server.stop(config.grace_s)
-    if dataplane is not None:
+    for dataplane in dataplanes.values():
         dataplane.stop()
     if metrics is not None:
         metrics[1].stop()
@@ -236,7 +252,7 @@ class EmbeddedServer:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: grpc.aio.Server | None = None
-        self._dataplane: DataPlaneServer | None = None
+        self.dataplanes: dict[str, DataPlaneServer] = {}  # by transport, while started
         self._metrics: tuple[CallMetrics, MetricsExporter] | None = None
         self.port = 0
 
@@ -253,9 +269,9 @@ class EmbeddedServer:
         self._thread.start()
         self._metrics = start_metrics(self.store, self.config)
         call_metrics = self._metrics[0] if self._metrics else None
-        self._dataplane = make_dataplane(self.store, self.config, call_metrics, self.tenants)
+        self.dataplanes = make_dataplanes(self.store, self.config, call_metrics, self.tenants)
         started = asyncio.run_coroutine_threadsafe(
-            start_server(self.store, self.config, self._dataplane, call_metrics, self.tenants),
+            start_server(self.store, self.config, self.dataplanes, call_metrics, self.tenants),
             self._loop,
         )
         self._server, _, self.port = started.result()
@@ -265,9 +281,9 @@ class EmbeddedServer:
         if self._server is not None:
             asyncio.run_coroutine_threadsafe(self._server.stop(None), self._loop).result()
             self._server = None
-        if self._dataplane is not None:
-            self._dataplane.stop()
-            self._dataplane = None
+        for dataplane in self.dataplanes.values():
+            dataplane.stop()
+        self.dataplanes = {}
         if self._metrics is not None:
             self._metrics[1].stop()
             self._metrics = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import grpc
@@ -51,13 +51,13 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         self,
         store: Store,
         chunk_bytes: int,
-        dataplane: DataPlaneServer | None = None,
+        dataplanes: Mapping[str, DataPlaneServer] | None = None,
         tenants: Tenants | None = None,
         auth: Authenticator | None = None,
     ) -> None:
         self.store = store
         self.chunk_bytes = chunk_bytes
-        self.dataplane = dataplane
+        self.dataplanes = dict(dataplanes or {})  # by transport name
         self.tenants = tenants or Tenants(store, None)
         self.auth = auth or Authenticator(None)
 
@@ -156,15 +156,16 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
 
     @_unary
     async def DataPlaneInfo(self, request, context):
-        if self.dataplane is None or request.transport != "ucx":
-            raise UnavailableError(f"this node has no {request.transport or '?'} data plane")
+        dataplane = self.dataplanes.get(request.transport)
+        if dataplane is None:
+            raise UnavailableError(f"this node has no {request.transport[:16]!r} data plane")
         # Checking the address and connecting wait on other threads; keep this loop free.
         peer, tenant = context.peer(), self._tenant(context)  # frames act as this tenant
-        connect = self.dataplane.connect
+        connect = dataplane.connect
         admission = await asyncio.to_thread(connect, request.client_address, peer, tenant)
         return pb.DataPlaneInfoResponse(
-            transport="ucx",
-            server_address=self.dataplane.address,
+            transport=request.transport,
+            server_address=dataplane.address,
             client_id=admission.client_id,
             connection_secret=admission.secret,
         )

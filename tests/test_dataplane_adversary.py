@@ -141,7 +141,7 @@ def test_mutated_real_address_never_stops_the_node(node):
                 _handshake(node, bytes(mutated))
             except grpc.RpcError as err:
                 assert err.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAVAILABLE)
-            node._dataplane.reap(now=float("inf"))  # the accepted ones never speak
+            node.dataplanes["ucx"].reap(now=float("inf"))  # the accepted ones never speak
             _wait_connections(node, 0)
         _round_trip_works(node, seed=11)
     finally:
@@ -155,13 +155,13 @@ def test_handshakes_that_never_connect_are_reaped(node):
     try:
         for rt in silent[:4]:
             _handshake(node, rt.worker_address)
-        assert node._dataplane.num_connections == 4
+        assert node.dataplanes["ucx"].num_connections == 4
         with pytest.raises(grpc.RpcError) as err:
             _handshake(node, silent[4].worker_address)
         assert err.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "max_dataplane_connections_per_peer=4" in err.value.details()
-        assert node._dataplane.reap() == 0  # nothing is late yet
-        assert node._dataplane.reap(now=float("inf")) == 4
+        assert node.dataplanes["ucx"].reap() == 0  # nothing is late yet
+        assert node.dataplanes["ucx"].reap(now=float("inf")) == 4
         _wait_connections(node, 0)
         _round_trip_works(node, seed=12)  # room again
     finally:
@@ -171,9 +171,9 @@ def test_handshakes_that_never_connect_are_reaped(node):
 
 def _wait_connections(node, expected: int) -> None:
     """Drops run on the data plane's loop: wait (bounded) until they have."""
-    future = asyncio.run_coroutine_threadsafe(asyncio.sleep(0), node._dataplane._rt.loop)
+    future = asyncio.run_coroutine_threadsafe(asyncio.sleep(0), node.dataplanes["ucx"]._rt.loop)
     future.result(timeout=10)
-    assert node._dataplane.num_connections == expected
+    assert node.dataplanes["ucx"].num_connections == expected
 
 
 def test_forged_frames_never_reach_another_connection(node, adversary):
@@ -212,14 +212,16 @@ def test_bad_frame_ends_only_its_own_connection(node, adversary, damage):
         "oversized": good + os.urandom(frames.request_bytes(4096) + 64),
         "garbage": os.urandom(len(good)),
     }[damage]
-    before = node._dataplane.num_connections
+    before = node.dataplanes["ucx"].num_connections
     adversary.send(bad, adversary.own_tags.request)
     _wait_until_dropped(node, before - 1)
     _round_trip_works(node, seed=31)
 
 
 def _wait_until_dropped(node, expected: int) -> None:
-    wait_until(lambda: node._dataplane.num_connections <= expected, 10.0, "bad connection drops")
+    wait_until(
+        lambda: node.dataplanes["ucx"].num_connections <= expected, 10.0, "bad connection drops"
+    )
 
 
 def test_replayed_request_id_in_flight_ends_the_connection(node, adversary):
@@ -229,7 +231,7 @@ def test_replayed_request_id_in_flight_ends_the_connection(node, adversary):
         client.register_namespace(NS)
         client.put_chain(NS.id, keys, _blocks(2, 40))
     frame = frames.encode_request(Request(Op.GET, 7, NS.id, tuple(keys), NS.block_bytes))
-    before = node._dataplane.num_connections
+    before = node.dataplanes["ucx"].num_connections
     adversary.send(frame, adversary.own_tags.request)  # replies are never received: in flight
     adversary.send(frame, adversary.own_tags.request)
     _wait_until_dropped(node, before - 1)
@@ -280,7 +282,7 @@ def test_frames_decode_exactly():
     body = bytearray(data[4:-4])
     struct.pack_into("<I", body, 1, 4)  # claims 4 keys, carries 3
     with pytest.raises(errors.InvalidArgumentError, match="needs"):
-        frames.decode_request(memoryview(bytearray(frames._seal(bytes(body)))))
+        frames.decode_request(memoryview(bytearray(frames.seal(bytes(body)))))
 
 
 def test_loopback_node_listens_on_loopback_only(node):

@@ -25,8 +25,9 @@ def test_block_sizes_span_64_kib_to_16_mib_at_batch_64():
 
 def test_ratios_and_missed_targets_per_block_size():
     gbps = {
-        ("kvstore-ucx", "put"): 3.0,
-        ("kvstore-ucx", "get"): 9.0,
+        ("kvstore-shm", "put"): 3.0,
+        ("kvstore-shm", "get"): 9.0,
+        ("kvstore-ucx", "put"): 2.0,
         ("memcpy", "put"): 10.0,
         ("memcpy", "get"): 10.0,
         ("mooncake", "put"): 2.0,
@@ -39,12 +40,13 @@ def test_ratios_and_missed_targets_per_block_size():
     assert row["put/memcpy"] == pytest.approx(0.3) and row["get/memcpy"] == pytest.approx(0.9)
     assert row["put/mooncake"] == pytest.approx(1.5) and row["get/mooncake"] == pytest.approx(0.9)
     assert row["tcp get/tcp-socket"] == pytest.approx(0.9)
-    assert row["put/raw-ucxx"] is None  # not measured: no ratio, no verdict
+    assert row["ucx_put_gbps"] == 2.0  # the UCX plane's figure beside the same-host one's
+    assert row["ucx put/raw-ucxx"] is None  # not measured: no ratio, no verdict
     assert row["missed"] == "put/memcpy<0.6 get/mooncake<1"
 
 
 def test_memcpy_targets_start_at_1_mib():
-    gbps = {("kvstore-ucx", "put"): 1.0, ("memcpy", "put"): 10.0}
+    gbps = {("kvstore-shm", "put"): 1.0, ("memcpy", "put"): 10.0}
     small = dataplane._ratio_row(_rows(gbps, 256 << 10), 256 << 10)
     assert small["put/memcpy"] == pytest.approx(0.1) and small["missed"] == "-"
 

@@ -1,4 +1,5 @@
-"""Faults and concurrency on the UCX data plane, with real processes on both ends."""
+"""Faults and concurrency on the data planes (UCX, and shared memory on one host), with
+real processes on both ends."""
 
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ _HAMMER = """
 import sys, time, numpy as np
 from kvstore.client import Client
 from tests.test_dataplane_faults import NS, _chain, _block
-client = Client(sys.argv[1], timeout_s=30.0, transport="ucx")
+client = Client(sys.argv[1], timeout_s=30.0, transport=sys.argv[3])
 client.register_namespace(NS)
 keys = _chain(32, 50)
 client.put_chain(NS.id, keys, [_block(50, i) for i in range(32)])
@@ -78,14 +79,15 @@ while time.monotonic() < deadline:
 """
 
 
+@pytest.mark.parametrize("transport", ["ucx", "shm"])
 @pytest.mark.parametrize("op", ["get", "put"])
-def test_client_killed_mid_transfer_leaves_nothing_behind(store_factory, op):
+def test_client_killed_mid_transfer_leaves_nothing_behind(store_factory, op, transport):
     store = store_factory(
         "--dram-bytes", "512MiB", "--slab-bytes", "1MiB", "--lease-timeout-s", "2",
         "--reservation-timeout-s", "2", "--transfer-timeout-s", "2",
         "--expire-interval-s", "0.2",
     )  # fmt: skip
-    cmd = [sys.executable, "-c", _HAMMER, store.address, op]
+    cmd = [sys.executable, "-c", _HAMMER, store.address, op, transport]
     child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     assert child.stdout is not None
     lines = iter(child.stdout.readline, "")
@@ -106,15 +108,16 @@ def test_client_killed_mid_transfer_leaves_nothing_behind(store_factory, op):
         client.register_namespace(NS)
         keys = _chain(2, 77)
         assert client.put_chain(NS.id, keys, [_block(77, 0), _block(77, 1)]).num_stored == 2
-    with Client(store.address, timeout_s=10.0, transport="ucx") as fresh:
+    with Client(store.address, timeout_s=10.0, transport=transport) as fresh:
         out = [np.zeros(NS.block_bytes, np.uint8) for _ in keys]
         assert fresh.get_into(NS.id, keys, out) == (True, True)
         assert (out[1] == _block(77, 1)).all()
 
 
-def test_server_killed_mid_get_gives_typed_error(tmp_path):
+@pytest.mark.parametrize("transport", ["ucx", "shm"])
+def test_server_killed_mid_get_gives_typed_error(tmp_path, transport):
     store = start_store(tmp_path, "--dram-bytes", "256MiB", "--slab-bytes", "1MiB")
-    client = Client(store.address, timeout_s=3.0, transport="ucx")
+    client = Client(store.address, timeout_s=3.0, transport=transport)
     client.register_namespace(NS)
     keys = _chain(32, 9)
     client.put_chain(NS.id, keys, [_block(9, i) for i in range(32)])
@@ -143,12 +146,13 @@ def test_server_killed_mid_get_gives_typed_error(tmp_path):
     store.proc.wait()
 
 
-def test_a_client_of_a_killed_node_closes_without_raising(store_factory):
+@pytest.mark.parametrize("transport", ["ucx", "shm"])
+def test_a_client_of_a_killed_node_closes_without_raising(store_factory, transport):
     """The CLOSE of a client whose node was SIGKILLed finds the connection reset: closing
     still succeeds (it used to raise UCX's own ConnectionResetError) and frees the client."""
     require_extra("ucxx")
     store = store_factory("--dram-bytes", "16MiB", "--slab-bytes", "1MiB")
-    client = Client(store.address, timeout_s=2.0, transport="ucx")
+    client = Client(store.address, timeout_s=2.0, transport=transport)
     dataplane = client.data_plane()
     assert dataplane is not None and dataplane.is_open
     store.kill()

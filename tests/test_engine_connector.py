@@ -122,16 +122,19 @@ def _ssd_store_args(tmp_path, block_bytes: int) -> tuple[str, ...]:
     )  # fmt: skip
 
 
-def _wait_on_ssd(address: str, prompt: list[int], fillers: list[list[int]]) -> None:
+def _wait_on_ssd(address: str, prompt: list[int]) -> None:
+    """Publishes new prompts, two at a time, until every block of `prompt` is on SSD: how
+    many that takes depends on the DRAM policy's order, so the pressure never repeats."""
     ns = _engine_config().namespace
     keys = block_keys(ns, prompt)
-    pairs = itertools.cycle([fillers[i : i + 2] for i in range(0, len(fillers), 2)])
+    seeds = itertools.count(100, 2)
 
     def is_all_on_ssd() -> bool:
         tiers = client.match(ns.id, keys).tiers
         if len(tiers) == len(keys) and set(tiers) == {"ssd"}:
             return True
-        _publish(address, next(pairs))  # more blocks push the prompt's down
+        seed = next(seeds)
+        _publish(address, [_prompt(seed), _prompt(seed + 1)])  # push the prompt's down
         return False
 
     with Client(address) as client:
@@ -143,7 +146,7 @@ def test_store_ssd_load_agrees_with_recompute(tmp_path, store_factory):
     store = store_factory(*_ssd_store_args(tmp_path, block_bytes))
     prompt = _prompt(4)
     _publish(store.address, [prompt])
-    _wait_on_ssd(store.address, prompt, [_prompt(100 + i) for i in range(8)])
+    _wait_on_ssd(store.address, prompt)
 
     out, _ = _fresh_run(store.address, prompt)
     assert out.usage.store_cached_tokens == 8 * BLOCK

@@ -221,7 +221,7 @@ def sealed_bodies(draw: st.DrawFn) -> bytes:
 def test_sealed_bodies_decode_only_to_requests_that_encode_back(body, room):
     """Past the length and checksum, the body is checked exactly: anything accepted is
     a request whose encoding is this very frame (no two frames mean one request)."""
-    frame = frames._seal(body)
+    frame = frames.seal(body)
     try:
         req = _decode(frame, room)
     except errors.InvalidArgumentError:
@@ -324,7 +324,7 @@ class Node:
     def connected(self, client_id: int) -> bool:
         """Whether the node still holds connection `client_id`, once its loop has run the
         drops already scheduled."""
-        dp = self.server._dataplane
+        dp = self.server.dataplanes["ucx"]
         asyncio.run_coroutine_threadsafe(asyncio.sleep(0), dp._rt.loop).result(timeout=10)
         return client_id in dp._connections
 
@@ -610,7 +610,7 @@ def test_blocks_of_a_request_never_made_end_their_connection(node, caplog):
     them and ends the connection."""
     caplog.set_level(logging.WARNING, logger="kvstore.dataplane")
     node.retire_adversary()
-    sweeper = node.server._dataplane.sweeper
+    sweeper = node.server.dataplanes["ucx"].sweeper
     adv = Adversary(node.rt, node.server)
     adv.send(frames.encode_request(Request(Op.PING, 1, b"", (), 0)), adv.tags.request)
     num_dropped = sweeper.num_dropped

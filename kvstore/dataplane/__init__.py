@@ -1,4 +1,5 @@
-"""Data plane: bulk block bytes over UCX, beside the gRPC control plane.
+"""Data plane: bulk block bytes beside the gRPC control plane, over shared memory with
+clients on the node's host and over UCX with the others (`selection`).
 
 `TRANSPORTS` maps a transport name to its server and client classes; the UCX ones import
 `ucxx` only when constructed, so this package imports without the `ucx` extra.
@@ -12,6 +13,8 @@ from typing import NamedTuple
 
 from kvstore.dataplane.base import ChecksumMismatchError, DataPlaneClient, DataPlaneServer
 from kvstore.dataplane.runtime import is_available
+from kvstore.dataplane.shm_client import ShmClient
+from kvstore.dataplane.shm_server import ShmServer
 from kvstore.dataplane.ucx_client import UcxClient
 from kvstore.dataplane.ucx_server import UcxServer
 
@@ -21,7 +24,9 @@ class Transport(NamedTuple):
     client: Callable[..., DataPlaneClient]
 
 
-TRANSPORTS: Mapping[str, Transport] = MappingProxyType({"ucx": Transport(UcxServer, UcxClient)})
+TRANSPORTS: Mapping[str, Transport] = MappingProxyType(
+    {"shm": Transport(ShmServer, ShmClient), "ucx": Transport(UcxServer, UcxClient)}
+)
 
 __all__ = [
     "TRANSPORTS",

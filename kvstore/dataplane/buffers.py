@@ -5,9 +5,14 @@ leaves from, exactly the memory the caller passed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from kvstore import errors
+from kvstore.dataplane.frames import check_num_blocks
+from kvstore.keys import KEY_BYTES
 
 
 class TransferBuffer(NamedTuple):
@@ -69,6 +74,26 @@ def as_transfer_buffer(obj: Any, writable: bool) -> TransferBuffer:
     return TransferBuffer(view, view.nbytes, False)
 
 
+def checked_buffers(
+    keys: Sequence[bytes], buffers: Sequence[Any], block_bytes: int, writable: bool
+) -> list[TransferBuffer]:
+    """The caller's buffers of a call, one per key and each `block_bytes` long, wrapped;
+    raises a typed error (naming the first few at fault) otherwise."""
+    if len(keys) != len(buffers):
+        raise errors.InvalidArgumentError(f"{len(buffers)} buffers for {len(keys)} keys")
+    check_num_blocks(len(keys))
+    bad = [i for i, k in enumerate(keys) if len(k) != KEY_BYTES]
+    if bad:
+        raise errors.BadKeyError(f"keys {bad[:8]} are not {KEY_BYTES} bytes long")
+    bufs = [as_transfer_buffer(b, writable) for b in buffers]
+    wrong = [i for i, b in enumerate(bufs) if b.nbytes != block_bytes]
+    if wrong:
+        raise errors.PayloadSizeError(
+            f"buffers {wrong[:8]} are not {block_bytes} bytes (the namespace's block size)"
+        )
+    return bufs
+
+
 def _torch_uint8(tensor: Any) -> Any:
     import torch  # only reached with a torch tensor in hand
 
@@ -87,3 +112,17 @@ def host_bytes(buf: TransferBuffer) -> Any:
     import cupy  # a device buffer that is not torch's: cupy, or an interface cupy reads
 
     return cupy.asnumpy(cupy.asarray(obj)).view("uint8").reshape(-1)
+
+
+def write_host_bytes(buf: TransferBuffer, data: np.ndarray) -> None:
+    """Copies host bytes `data` into device buffer `buf` (through torch or cupy)."""
+    obj = buf.obj
+    if type(obj).__module__.startswith("torch"):
+        import torch  # only reached with a torch tensor in hand
+
+        flat = obj.detach().reshape(-1).view(dtype=torch.uint8)
+        flat.copy_(torch.from_numpy(np.ascontiguousarray(data)))
+        return
+    import cupy
+
+    cupy.asarray(obj).view(cupy.uint8).reshape(-1).set(data)

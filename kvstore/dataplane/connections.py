@@ -33,6 +33,19 @@ class Connection:
     loop_task: asyncio.Task[None] | None = None
     in_flight: set[int] = field(default_factory=set)  # request ids being handled
 
+    def check_block_bytes(self, req: frames.Request) -> None:
+        """Same errors as the gRPC path: short blocks are incomplete, long ones too big."""
+        block_bytes = self.store.namespace(req.namespace_id).block_bytes
+        if req.op is frames.Op.PUT and req.block_bytes < block_bytes:
+            raise errors.IncompleteWriteError(
+                f"blocks of {req.block_bytes} bytes are not fully written; "
+                f"each needs {block_bytes} bytes"
+            )
+        if req.block_bytes != block_bytes:
+            raise errors.PayloadSizeError(
+                f"{req.block_bytes}-byte buffers; the namespace's block size is {block_bytes}"
+            )
+
 
 class Connections:
     """A node's live connections, bounded by `settings`."""
@@ -83,6 +96,10 @@ class Connections:
         """Forgets a connection; None if it was already gone."""
         with self._lock:
             return self._by_id.pop(client_id, None)
+
+    def get(self, client_id: int) -> Connection | None:
+        with self._lock:
+            return self._by_id.get(client_id)
 
     def ids(self) -> list[int]:
         with self._lock:

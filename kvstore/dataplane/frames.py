@@ -49,6 +49,7 @@ _CRC = struct.Struct("<I")
 _HEAD = struct.Struct("<BIQBQ")  # op, num_keys, block_bytes, flags, request_id
 _HAS_PARENTS, _EAGER, _SEGMENTED = 1, 2, 4  # request flags
 _SEGMENTS = struct.Struct("<H")  # a segmented GET's number of parts, after its keys
+SEGMENTS_BYTES = _SEGMENTS.size
 _REPLY = struct.Struct("<BQQI")  # is_error, reservation_id, block_bytes, num_flags
 _REQUEST_BITS = 44
 MAX_REQUEST_ID = (1 << 64) - 1  # a frame's request id is a u64
@@ -135,13 +136,13 @@ class Request(NamedTuple):
     segments: int = 1
 
 
-def _seal(body: bytes) -> bytes:
+def seal(body: bytes) -> bytes:
     """`body` framed: its length in front, the CRC32C of both behind."""
     head = _LEN.pack(_LEN.size + len(body) + _CRC.size) + body
     return head + _CRC.pack(checksum(head))
 
 
-def _unseal(data: memoryview, what: str) -> memoryview:
+def unseal(data: memoryview, what: str) -> memoryview:
     """The body of a sealed frame received into `data` (which may be longer)."""
     if len(data) < _LEN.size + _CRC.size:
         raise errors.InvalidArgumentError(f"{what} frame of {len(data)} bytes is too short")
@@ -193,12 +194,12 @@ def encode_request(req: Request) -> bytes:
         parts.append(struct.pack(f"<{len(keys)}I", *req.checksums))
     if req.segments != 1:
         parts.append(_SEGMENTS.pack(req.segments))
-    return _seal(b"".join(parts))
+    return seal(b"".join(parts))
 
 
 def decode_request(data: memoryview) -> Request:
     """Raises InvalidArgumentError for a short, long, damaged or malformed request."""
-    body = _unseal(data, "request")
+    body = unseal(data, "request")
     if len(body) < _HEAD.size + KEY_BYTES:
         raise errors.InvalidArgumentError(f"request body of {len(body)} bytes is too short")
     op, num_keys, block_bytes, flags, request_id = _HEAD.unpack_from(body)
@@ -267,15 +268,15 @@ def encode_reply(reply: Reply) -> bytes:
     if reply.error is not None:
         text = f"{type(reply.error).__name__}\n{reply.error.code}\n{reply.error}"
         raw = text.encode()[:_MAX_ERROR_TEXT]
-        return _seal(_REPLY.pack(1, 0, 0, len(raw)) + raw)
+        return seal(_REPLY.pack(1, 0, 0, len(raw)) + raw)
     head = _REPLY.pack(0, reply.reservation_id, reply.block_bytes, len(reply.flags))
     sums = struct.pack(f"<{len(reply.checksums)}I", *reply.checksums)
-    return _seal(head + bytes(reply.flags) + sums)
+    return seal(head + bytes(reply.flags) + sums)
 
 
 def decode_reply(data: memoryview, num_keys: int, with_checksums: bool = False) -> Reply:
     """Raises InvalidArgumentError unless the reply is exactly one for `num_keys` keys."""
-    body = _unseal(data, "reply")
+    body = unseal(data, "reply")
     if len(body) < _REPLY.size:
         raise errors.InvalidArgumentError(f"reply body of {len(body)} bytes is too short")
     is_error, reservation_id, block_bytes, num = _REPLY.unpack_from(body)

@@ -4,8 +4,8 @@ A node that is restarting, that has no data plane yet, or that has no endpoint f
 client refuses the handshake; the client then moves bytes over gRPC and asks again later,
 the wait doubling from `first_s` to `longest_s` while the node keeps refusing and starting
 over once a handshake succeeds. Without it, one refusal (a node restarted under its
-clients) would keep every client on the slow path for good. A process without ucxx never
-asks again: that does not change while it runs.
+clients) would keep every client on the slow path for good. A process that can reach no
+data plane at all (`selection.Selection.can_succeed`) never asks again.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable
 
 from kvstore import errors
-from kvstore.dataplane.runtime import is_available
 
 log = logging.getLogger("kvstore.dataplane")
 
@@ -52,10 +51,10 @@ class HandshakeRetry:
         """Whether a handshake may be tried now."""
         return self.clock() >= self._retry_at
 
-    def refused(self, address: str, exc: Exception) -> bool:
+    def refused(self, address: str, exc: Exception, can_succeed: bool = True) -> bool:
         """Counts a failed handshake with the node at `address`: the next waits `wait_s`.
-        False when none can ever succeed from this process (it has no ucxx)."""
-        if not is_available():
+        False when none can ever succeed from this process (`can_succeed` False)."""
+        if not can_succeed:
             return False
         self.wait_s = min(max(2 * self.wait_s, self.first_s), self.longest_s)
         self._retry_at = self.clock() + self.wait_s

@@ -26,11 +26,10 @@ from kvstore import errors
 from kvstore.checksum import checksums
 from kvstore.dataplane import frames, transfers
 from kvstore.dataplane.base import Admission, DataPlaneClient
-from kvstore.dataplane.buffers import TransferBuffer, as_transfer_buffer, host_bytes
+from kvstore.dataplane.buffers import TransferBuffer, checked_buffers, host_bytes
 from kvstore.dataplane.frames import Op, Reply, Request, RequestTags
 from kvstore.dataplane.runtime import UcxRuntime, with_deadline
 from kvstore.dataplane.ucx_server import STATUS_CODES
-from kvstore.keys import KEY_BYTES
 from kvstore.results import PutStatus, ReserveResult
 
 log = logging.getLogger("kvstore.dataplane")
@@ -164,18 +163,7 @@ class UcxClient(DataPlaneClient):
     def _checked_buffers(
         self, keys: Sequence[bytes], buffers: Sequence[Any], block_bytes: int, writable: bool
     ) -> list[TransferBuffer]:
-        if len(keys) != len(buffers):
-            raise errors.InvalidArgumentError(f"{len(buffers)} buffers for {len(keys)} keys")
-        frames.check_num_blocks(len(keys))
-        bad = [i for i, k in enumerate(keys) if len(k) != KEY_BYTES]
-        if bad:
-            raise errors.BadKeyError(f"keys {bad[:8]} are not {KEY_BYTES} bytes long")
-        bufs = [as_transfer_buffer(b, writable) for b in buffers]
-        wrong = [i for i, b in enumerate(bufs) if b.nbytes != block_bytes]
-        if wrong:
-            raise errors.PayloadSizeError(
-                f"buffers {wrong[:8]} are not {block_bytes} bytes (the namespace's block size)"
-            )
+        bufs = checked_buffers(keys, buffers, block_bytes, writable)
         if self._ep is None:
             raise errors.UnavailableError("data-plane connection is closed")
         return bufs

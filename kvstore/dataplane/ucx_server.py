@@ -226,24 +226,11 @@ class UcxServer(DataPlaneServer):
         sent = transfers.post_sends(ep, [frames.encode_reply(reply)], [tag])
         await with_deadline(transfers.wait_all(sent), self.timeout_s)
 
-    def _check_block_bytes(self, conn: Connection, req: Request) -> None:
-        """Same errors as the gRPC path: short blocks are incomplete, long ones too big."""
-        block_bytes = conn.store.namespace(req.namespace_id).block_bytes
-        if req.op is Op.PUT and req.block_bytes < block_bytes:
-            raise errors.IncompleteWriteError(
-                f"blocks of {req.block_bytes} bytes are not fully written; "
-                f"each needs {block_bytes} bytes"
-            )
-        if req.block_bytes != block_bytes:
-            raise errors.PayloadSizeError(
-                f"{req.block_bytes}-byte buffers; the namespace's block size is {block_bytes}"
-            )
-
     # -- get -----------------------------------------------------------------------------
 
     async def _get(self, conn: Connection, tags: RequestTags, req: Request) -> None:
         try:
-            self._check_block_bytes(conn, req)
+            conn.check_block_bytes(req)
             lease = conn.store.acquire(req.namespace_id, req.keys, True, conn.peer)
         except errors.KVStoreError as exc:
             await self._reply(conn.ep, Reply(error=exc), tags.reply, Op.GET)
@@ -272,7 +259,7 @@ class UcxServer(DataPlaneServer):
 
     async def _put(self, conn: Connection, tags: RequestTags, req: Request) -> None:
         try:
-            self._check_block_bytes(conn, req)  # a wrong size is never drained (module docstring)
+            conn.check_block_bytes(req)  # a wrong size is never drained (module docstring)
         except errors.KVStoreError as exc:
             await self._reply(conn.ep, Reply(error=exc), tags.reply, Op.PUT)
             return

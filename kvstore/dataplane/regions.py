@@ -1,0 +1,109 @@
+"""Shared-memory regions of the same-host data plane (`shm_server`, `shm_client`).
+
+A client makes a memfd file, seals it against shrinking and hands it to the node over a
+Unix socket; both map it, and the node copies blocks straight between the region and the
+store's slots: one copy per block, as CMA makes, but into memory the client chose to share
+rather than into its whole address space.
+
+What makes mapping a hostile client's file safe for the node:
+
+- only shared memory (a memfd on shmem) is taken: a disk file could fail a read, and
+  hugetlbfs memory a write, with SIGBUS, which would end the node;
+- it must be sealed against shrinking (`F_SEAL_SHRINK`), or a client truncating it under
+  the node's mapping would fault the node the same way;
+- its size is bounded, and the node touches only the ranges a request names, each checked
+  against that size (`Region.span`).
+
+The client may still change its region while the node copies; that spoils only its own
+call: a put's checksum is taken over the node's copy, a get's over the client's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import mmap
+import os
+
+import numpy as np
+
+from kvstore import errors
+
+TMPFS_MAGIC = 0x01021994  # statfs f_type of shmem, where a plain memfd lives
+_STATFS_BYTES = 256  # more than struct statfs on any Linux ABI; f_type comes first
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _filesystem_type(fd: int) -> int:
+    buf = ctypes.create_string_buffer(_STATFS_BYTES)
+    if _libc.fstatfs(fd, buf) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return int(ctypes.c_long.from_buffer(buf).value)
+
+
+class Region:
+    """A mapped shared-memory file: `array` is its bytes (uint8), writable by both sides."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.size = size
+        self._map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self.array = np.frombuffer(self._map, np.uint8)
+
+    @classmethod
+    def create(cls, size: int) -> tuple[Region, int]:
+        """A new region of `size` bytes and its file (sealed; the caller closes the fd)."""
+        fd = os.memfd_create("kvstore-dataplane", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(fd, size)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)
+            return cls(fd, size), fd
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @classmethod
+    def admit(cls, fd: int, max_bytes: int) -> Region:
+        """Maps a client's file if it is one the node can safely touch; raises
+        InvalidArgumentError (saying what is wrong) otherwise. Never closes `fd`."""
+        try:
+            seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+        except OSError:
+            raise errors.InvalidArgumentError(
+                "region is not a memfd (it cannot be sealed)"
+            ) from None
+        if not seals & fcntl.F_SEAL_SHRINK:
+            raise errors.InvalidArgumentError("region is not sealed against shrinking")
+        if _filesystem_type(fd) != TMPFS_MAGIC:
+            raise errors.InvalidArgumentError("region is not plain shared memory (hugetlb?)")
+        size = os.fstat(fd).st_size
+        if not 0 < size <= max_bytes:
+            raise errors.InvalidArgumentError(
+                f"region of {size} bytes; 1 to {max_bytes} (max_shm_region_bytes)"
+            )
+        try:
+            return cls(fd, size)
+        except (OSError, ValueError) as exc:  # e.g. sealed against writes since
+            raise errors.InvalidArgumentError(f"region cannot be mapped: {exc}") from None
+
+    def span(self, offset: int, nbytes: int) -> np.ndarray:
+        """Bytes [offset, offset + nbytes) of the region; InvalidArgumentError if outside."""
+        if not (offset >= 0 and nbytes > 0 and offset + nbytes <= self.size):
+            raise errors.InvalidArgumentError(
+                f"range [{offset}, {offset + nbytes}) is outside the {self.size}-byte region"
+            )
+        return self.array[offset : offset + nbytes]
+
+    def close(self) -> None:
+        """Unmaps the region; views of it must not be used after."""
+        del self.array
+        with contextlib.suppress(BufferError):  # a view still held: unmapped when it goes
+            self._map.close()
+
+
+def copy(dst: np.ndarray, src: np.ndarray) -> None:
+    """dst[:] = src for two uint8 arrays of one size (numpy lets go of the GIL meanwhile)."""
+    if dst.shape != src.shape:  # never broadcast
+        raise ValueError(f"copy of {src.shape} bytes into {dst.shape}")
+    np.copyto(dst, src, casting="no")

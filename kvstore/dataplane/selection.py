@@ -1,0 +1,68 @@
+"""Which data plane a client opens: shared memory on the node's host, else UCX.
+
+Transport "auto" tries "shm" first: its handshake succeeds only where the node offers it,
+and its connect only where the client reaches the node's abstract Unix socket, that is on
+the node's host and in its network namespace. A client the node admitted but that could
+not reach the socket is elsewhere and does not try shm again (an unclaimed admission costs
+the node a connection slot until its hello deadline). Then UCX, where ucxx is installed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from kvstore import errors
+from kvstore.dataplane.base import Admission, DataPlaneClient
+from kvstore.dataplane.retry import REFUSALS
+from kvstore.dataplane.runtime import client_net_devices, is_available
+from kvstore.dataplane.shm_client import ShmClient
+from kvstore.dataplane.ucx_client import UcxClient
+
+log = logging.getLogger("kvstore.dataplane")
+# (transport, this client's address on it) -> the node's address, the admission
+Handshake = Callable[[str, bytes], tuple[bytes, Admission]]
+
+
+class Selection:
+    """Opens data-plane connections to the node at `address` for transport `transport`
+    ("auto", "shm" or "ucx"), remembering what this process cannot reach."""
+
+    def __init__(self, transport: str, address: str, timeout_s: float) -> None:
+        self.transport = transport
+        self.address = address
+        self.timeout_s = timeout_s
+        self.shm_reachable = transport in ("auto", "shm")
+
+    @property
+    def can_succeed(self) -> bool:
+        """Whether a later try could connect from this process at all."""
+        return self.shm_reachable or (self.transport != "shm" and is_available())
+
+    def open(self, handshake: Handshake) -> DataPlaneClient:
+        """A new connection; raises one of REFUSALS where none can be made now."""
+        if self.shm_reachable:
+            answered = []
+
+            def shm_handshake(client_address: bytes) -> tuple[bytes, Admission]:
+                admitted = handshake("shm", client_address)
+                answered.append(True)
+                return admitted
+
+            try:
+                return ShmClient(shm_handshake, self.timeout_s)
+            except REFUSALS as exc:
+                if self.transport == "shm":
+                    raise
+                if answered:  # admitted, but the socket is out of reach: another host
+                    self.shm_reachable = False
+                    log.info("event=shm_unreachable address=%s error=%s", self.address, exc)
+        if self.transport == "shm":
+            raise errors.UnavailableError(f"the shm data plane of {self.address} is out of reach")
+        if not is_available():
+            raise errors.UnavailableError("ucxx is not installed here")
+        return UcxClient(
+            lambda client_address: handshake("ucx", client_address),
+            self.timeout_s,
+            net_devices=client_net_devices(self.address),
+        )

@@ -1,0 +1,344 @@
+"""The client's same-host side: one Unix socket and one shared-memory region (`regions`)
+to one node (`shm_server`).
+
+Blocks pass through the region: the node copies a get's blocks into it and the client
+copies them on to the caller's buffers, checking each against the CRC32C the node sent (a
+block that fails is reported missed, never found); a put's blocks are copied into it and
+summed there, and the node copies them once more into its slots and checks those sums.
+Two copies in all, one on each side, and no transport in between.
+
+The region grows to the largest call, up to the node's limit (which the node states at
+hello). A get larger than that goes in several calls; a put must fit, since a put is all or
+nothing. Calls from any thread run in order on the client's own thread; an idle client
+pings, so the node keeps the connection.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import itertools
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+
+from kvstore import errors
+from kvstore.checksum import checksum
+from kvstore.dataplane import frames, shm_messages
+from kvstore.dataplane.base import Admission, DataPlaneClient
+from kvstore.dataplane.buffers import (
+    TransferBuffer,
+    checked_buffers,
+    host_bytes,
+    write_host_bytes,
+)
+from kvstore.dataplane.frames import Op, Reply, Request
+from kvstore.dataplane.regions import Region, copy
+from kvstore.dataplane.ucx_server import STATUS_CODES
+from kvstore.results import ReserveResult
+
+log = logging.getLogger("kvstore.dataplane")
+T = TypeVar("T")
+Handshake = Callable[[bytes], tuple[bytes, Admission]]  # b"" -> node's socket name, mine
+KEEPALIVE_S = 30.0  # well inside the node's idle timeout (`ServerSettings.idle_timeout_s`)
+FIRST_REGION_BYTES = 64 << 10  # what hello hands over; calls grow it (`_room`)
+CALL_BYTES = 16 << 20  # a get moves in calls of at most this much (or one block), two in flight
+
+
+class ShmClient(DataPlaneClient):
+    """Gets into and puts from caller buffers through shared memory; every call has a
+    deadline (the socket's timeout)."""
+
+    def __init__(self, handshake: Handshake, timeout_s: float = 30.0) -> None:
+        self.timeout_s = timeout_s
+        self.checksum_failures = 0  # received blocks that did not match the node's CRC32C
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()  # one exchange on the socket at a time
+        self._closed = threading.Event()
+        self._sock: socket.socket | None = None
+        self._region: Region | None = None
+        self._limit = 0
+        self._worker = concurrent.futures.ThreadPoolExecutor(1, "kvstore-shm-client")
+        try:
+            server_address, admission = handshake(b"")
+            self.client_id = admission.client_id
+            self._sock = _connect(server_address, timeout_s)
+            region, fd = Region.create(FIRST_REGION_BYTES)
+            self._region = region
+            try:
+                shm_messages.send(
+                    self._sock,
+                    shm_messages.encode_hello(admission.client_id, admission.secret),
+                    [fd],
+                )
+            finally:
+                os.close(fd)
+            self._limit = self._reply(0).block_bytes
+        except OSError as exc:
+            self._abort()
+            raise errors.UnavailableError(f"shm data plane unreachable: {exc}") from exc
+        except BaseException:
+            self._abort()
+            raise
+        threading.Thread(target=self._ping_forever, name="kvstore-shm-ping", daemon=True).start()
+
+    @property
+    def is_open(self) -> bool:
+        return self._sock is not None
+
+    def close(self) -> None:
+        """Says CLOSE to the node and closes the socket; never raises."""
+        if self._sock is None:
+            return
+        with contextlib.suppress(OSError, errors.KVStoreError), self._lock:
+            self._send(Request(Op.CLOSE, next(self._ids), b"", (), 0), ())
+        self._abort()
+
+    def _abort(self) -> None:
+        self._closed.set()
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
+        self._worker.shutdown(wait=False, cancel_futures=True)
+
+    def _ping_forever(self) -> None:
+        while not self._closed.wait(KEEPALIVE_S):
+            with contextlib.suppress(Exception), self._lock:
+                if self._sock is not None:
+                    self._send(Request(Op.PING, next(self._ids), b"", (), 0), ())
+
+    # -- calls ---------------------------------------------------------------------------
+
+    def submit_get_into(
+        self, namespace_id: bytes, keys: Sequence[bytes], buffers: Sequence[Any], block_bytes: int
+    ) -> concurrent.futures.Future[tuple[bool, ...]]:
+        bufs = self._checked(keys, buffers, block_bytes, writable=True)
+        return self._submit(self._get, namespace_id, tuple(keys), [bufs], block_bytes, None)
+
+    def submit_get_parts(
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        parts: Sequence[Sequence[Any]],
+        block_bytes: int,
+        on_part: Callable[[int], None] | None = None,
+    ) -> concurrent.futures.Future[tuple[bool, ...]]:
+        frames.check_segments(len(keys), block_bytes, len(parts))
+        size = block_bytes // len(parts)
+        bufs = [self._checked(keys, part, size, writable=True) for part in parts]
+        return self._submit(self._get, namespace_id, tuple(keys), bufs, block_bytes, on_part)
+
+    def submit_put(
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        blocks: Sequence[Any],
+        parents: Sequence[bytes | None] | None,
+        block_bytes: int,
+    ) -> concurrent.futures.Future[ReserveResult]:
+        bufs = self._checked(keys, blocks, block_bytes, writable=False)
+        if len(keys) * block_bytes > self._limit:
+            raise errors.BatchTooLargeError(
+                f"a put of {len(keys) * block_bytes} bytes; the node's shared-memory region "
+                f"holds at most {self._limit} (max_shm_region_bytes)"
+            )
+        parents_t = tuple(parents) if parents is not None else None
+        return self._submit(self._put, namespace_id, tuple(keys), bufs, parents_t, block_bytes)
+
+    def _checked(
+        self, keys: Sequence[bytes], buffers: Sequence[Any], block_bytes: int, writable: bool
+    ) -> list[TransferBuffer]:
+        bufs = checked_buffers(keys, buffers, block_bytes, writable)
+        if self._sock is None:
+            raise errors.UnavailableError("data-plane connection is closed")
+        return bufs
+
+    def _submit(self, fn: Callable[..., T], *args: Any) -> concurrent.futures.Future[T]:
+        try:
+            return self._worker.submit(self._guarded, fn, *args)
+        except RuntimeError:  # shut down by a failure or close() since the check
+            raise errors.UnavailableError("data-plane connection is closed") from None
+
+    def _guarded(self, fn: Callable[..., T], *args: Any) -> T:
+        """Runs a call; a timeout or a broken socket closes the connection and raises a
+        typed error (a call's own error, the node's reply, leaves it open)."""
+        try:
+            with self._lock:
+                if self._sock is None:
+                    raise errors.UnavailableError("data-plane connection is closed")
+                return fn(*args)
+        except TimeoutError as exc:
+            self._abort()
+            raise errors.DeadlineExceededError(f"data-plane call timed out: {exc}") from exc
+        except (OSError, ConnectionError) as exc:
+            self._abort()
+            raise errors.UnavailableError(f"data-plane connection failed: {exc!r}") from exc
+
+    # -- protocol (the lock held) --------------------------------------------------------
+
+    def _send(self, req: Request, offsets: Sequence[int]) -> None:
+        assert self._sock is not None
+        shm_messages.send(self._sock, shm_messages.encode_call(req, offsets))
+
+    def _reply(self, num_keys: int, with_checksums: bool = False) -> Reply:
+        assert self._sock is not None
+        data, fds = shm_messages.receive(self._sock, frames.reply_bytes(num_keys))
+        shm_messages.close_all(fds)
+        try:
+            reply = frames.decode_reply(data, num_keys, with_checksums)
+        except errors.InvalidArgumentError as exc:  # the node's stream is broken, not ours
+            raise ConnectionError(f"malformed reply: {exc}") from exc
+        if reply.error is not None:
+            raise reply.error
+        return reply
+
+    def _room(self, nbytes: int) -> Region:
+        """The region, grown (and handed to the node) to hold `nbytes`."""
+        assert self._sock is not None and self._region is not None
+        if nbytes <= self._region.size:
+            return self._region
+        size = min(max(nbytes, 2 * self._region.size), self._limit)
+        region, fd = Region.create(size)
+        try:
+            shm_messages.send(self._sock, bytes([shm_messages.Kind.REGION]), [fd])
+        finally:
+            os.close(fd)
+        self._reply(0)
+        self._region.close()
+        self._region = region
+        return region
+
+    def _get(
+        self,
+        namespace_id: bytes,
+        keys: tuple[bytes, ...],
+        parts: list[list[TransferBuffer]],
+        block_bytes: int,
+        on_part: Callable[[int], None] | None,
+    ) -> tuple[bool, ...]:
+        """`parts[s][i]`: where part s of key i lands.
+
+        In calls of a quarter of the keys (at most CALL_BYTES each), two in flight, in the
+        two halves of the region: the node copies one call's blocks into its half while
+        this thread copies the other's out and checks them.
+        """
+        per_call = max(1, min(-(-len(keys) // 4), CALL_BYTES // block_bytes))
+        per_call = min(per_call, max(1, self._limit // (2 * block_bytes)))
+        calls = [slice(a, a + per_call) for a in range(0, len(keys), per_call)]
+        half = per_call * block_bytes
+        depth = 2 if len(calls) > 1 and 2 * half <= self._limit else 1
+        region = self._room(depth * half)
+        for k in range(depth):
+            self._send_get(namespace_id, keys[calls[k]], len(parts), block_bytes, k * half)
+        found: list[bool] = []
+        for k, call in enumerate(calls):
+            try:
+                reply = self._reply(len(keys[call]), True)
+            except errors.KVStoreError:
+                for _ in range(k + 1, min(k + depth, len(calls))):  # replies still due
+                    with contextlib.suppress(errors.KVStoreError):
+                        self._reply(len(keys[calls[k + 1]]), True)
+                raise
+            base = (k % depth) * half
+            found += self._land(region, base, reply, [p[call] for p in parts], block_bytes)
+            if k + depth < len(calls):
+                later = keys[calls[k + depth]]
+                self._send_get(namespace_id, later, len(parts), block_bytes, base)
+        if on_part is not None:
+            for s in range(len(parts)):
+                on_part(s)
+        return tuple(found)
+
+    def _send_get(
+        self,
+        namespace_id: bytes,
+        keys: tuple[bytes, ...],
+        segments: int,
+        block_bytes: int,
+        base: int,
+    ) -> None:
+        """Asks for `keys` into the region from `base`: block i whole at i * block_bytes
+        past it, its part s at s * (block_bytes / segments) within that."""
+        size = block_bytes // segments
+        offsets = [
+            base + i * block_bytes + s * size for s in range(segments) for i in range(len(keys))
+        ]
+        req = Request(Op.GET, next(self._ids), namespace_id, keys, block_bytes, segments=segments)
+        self._send(req, offsets)
+
+    def _land(
+        self,
+        region: Region,
+        base: int,
+        reply: Reply,
+        parts: list[list[TransferBuffer]],
+        block_bytes: int,
+    ) -> list[bool]:
+        """Copies the blocks a GET reply says landed from the region on to the caller's
+        buffers; which were found and match their CRC32C."""
+        segments, num_keys = len(parts), len(parts[0])
+        size = block_bytes // segments
+        hits = [i for i, f in enumerate(reply.flags) if f]
+        if any(f not in (0, 1) for f in reply.flags) or len(reply.checksums) != len(hits):
+            raise ConnectionError("data-plane get reply is malformed")
+        found = [False] * num_keys
+        for i, want in zip(hits, reply.checksums, strict=True):
+            crc = 0
+            for s in range(segments):
+                landed = region.array[base + i * block_bytes + s * size :][:size]
+                crc = checksum(_write(parts[s][i], landed), crc)
+            found[i] = crc == want
+            if crc != want:
+                self.checksum_failures += 1
+                log.warning("event=shm_checksum_failure client=%d", self.client_id)
+        return found
+
+    def _put(
+        self,
+        namespace_id: bytes,
+        keys: tuple[bytes, ...],
+        bufs: list[TransferBuffer],
+        parents: tuple[bytes | None, ...] | None,
+        block_bytes: int,
+    ) -> ReserveResult:
+        region = self._room(len(keys) * block_bytes)
+        sums = []
+        for i, buf in enumerate(bufs):
+            staged = region.array[i * block_bytes : (i + 1) * block_bytes]
+            copy(staged, np.frombuffer(host_bytes(buf), np.uint8))
+            sums.append(checksum(staged))
+        req = Request(
+            Op.PUT, next(self._ids), namespace_id, keys, block_bytes, parents, tuple(sums)
+        )
+        self._send(req, [i * block_bytes for i in range(len(keys))])
+        reply = self._reply(len(keys))
+        if any(f >= len(STATUS_CODES) for f in reply.flags):
+            raise ConnectionError("data-plane put reply is malformed")
+        return ReserveResult(reply.reservation_id, tuple(STATUS_CODES[f] for f in reply.flags))
+
+
+def _connect(name: bytes, timeout_s: float) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout_s)
+    try:
+        sock.connect(name)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _write(buf: TransferBuffer, landed: np.ndarray) -> Any:
+    """Copies `landed` into the caller's buffer; returns the bytes to check: the caller's
+    own copy on the host, the region's for device memory (which the host cannot read)."""
+    if buf.is_device:
+        write_host_bytes(buf, landed)
+        return landed
+    dst = np.frombuffer(buf.obj, np.uint8)
+    copy(dst, landed)
+    return dst

@@ -1,0 +1,139 @@
+"""Messages of the same-host data plane over its Unix stream socket.
+
+Every message is its length (u32) and then that many bytes; a length past what the reader
+takes ends the connection before anything is read into memory. File descriptors travel
+beside a message's bytes (SCM_RIGHTS); a reader closes every one it did not ask for. Calls
+reuse the frames of the UCX data plane (`frames`): the same requests, replies, checksums
+and limits, each checked exactly.
+
+| message | from   | bytes                                          | fds                     |
+|---------|--------|------------------------------------------------|-------------------------|
+| HELLO   | client | kind, connection id (u32), secret (16 bytes)   | its region              |
+| REGION  | client | kind                                           | a region replacing it   |
+| CALL    | client | kind, a request frame, a placement frame       | none                    |
+| reply   | node   | a reply frame                                  | none                    |
+
+The node answers HELLO and REGION (a reply whose `block_bytes` is its region limit, or an
+error) and every CALL but PING and CLOSE, in order. A placement frame holds the region
+offset of every block a call moves (u64 each): for a PUT, where block i is; for a GET,
+where part s of block i goes, at index `s * num_keys + i` (one part: the whole block).
+"""
+
+from __future__ import annotations
+
+import array
+import enum
+import os
+import socket
+import struct
+from collections.abc import Sequence
+
+from kvstore import errors
+from kvstore.dataplane import frames
+from kvstore.dataplane.frames import Op, Request
+
+_HELLO = struct.Struct(f"<BI{frames.SECRET_BYTES}s")
+_LEN = struct.Struct("<I")  # a frame's first field, and a message's: its length
+MAX_FDS = 1  # the most file descriptors one message may carry
+
+
+class Kind(enum.IntEnum):
+    HELLO = 1
+    REGION = 2
+    CALL = 3
+
+
+def encode_hello(client_id: int, secret: bytes) -> bytes:
+    return _HELLO.pack(Kind.HELLO, client_id, secret)
+
+
+def decode_hello(data: memoryview) -> tuple[int, bytes]:
+    """(connection id, secret); InvalidArgumentError unless `data` is exactly a HELLO."""
+    if len(data) != _HELLO.size or data[0] != Kind.HELLO:
+        raise errors.InvalidArgumentError(f"a {len(data)}-byte message is not a hello")
+    _, client_id, secret = _HELLO.unpack(data)
+    return client_id, secret
+
+
+def num_placements(req: Request) -> int:
+    """How many blocks (or parts) a call moves through the region."""
+    if req.op is Op.GET:
+        return req.segments * len(req.keys)
+    return len(req.keys) if req.op is Op.PUT else 0
+
+
+def encode_call(req: Request, offsets: Sequence[int]) -> bytes:
+    assert len(offsets) == num_placements(req), "one offset per block moved"
+    placements = frames.seal(struct.pack(f"<{len(offsets)}Q", *offsets))
+    return bytes([Kind.CALL]) + frames.encode_request(req) + placements
+
+
+def decode_call(data: memoryview) -> tuple[Request, tuple[int, ...]]:
+    """The request and its offsets; InvalidArgumentError for anything but exactly one
+    well-formed CALL."""
+    if len(data) < 1 + _LEN.size or data[0] != Kind.CALL:
+        raise errors.InvalidArgumentError(f"a {len(data)}-byte message is not a call")
+    (length,) = _LEN.unpack_from(data, 1)
+    if length > len(data) - 1:
+        raise errors.InvalidArgumentError(f"call says its request has {length} bytes")
+    req = frames.decode_request(data[1 : 1 + length])
+    body = frames.unseal(data[1 + length :], "placement")
+    expected = num_placements(req)
+    if len(body) != 8 * expected:
+        raise errors.InvalidArgumentError(
+            f"call moves {expected} blocks but places {len(body) / 8:g}"
+        )
+    return req, struct.unpack(f"<{expected}Q", body)
+
+
+def max_message_bytes(max_keys: int) -> int:
+    """The largest message a node takes with batches of `max_keys` keys."""
+    placements = 8 * frames.MAX_BLOCKS + 2 * _LEN.size
+    return 1 + frames.request_bytes(max_keys) + frames.SEGMENTS_BYTES + placements
+
+
+def send(sock: socket.socket, data: bytes, fds: Sequence[int] = ()) -> None:
+    """Sends one message (and `fds` beside it)."""
+    message = _LEN.pack(len(data)) + data
+    if fds:
+        sent = socket.send_fds(sock, [message], list(fds))
+        message = message[sent:]
+    if message:
+        sock.sendall(message)
+
+
+def receive(sock: socket.socket, max_bytes: int) -> tuple[memoryview, list[int]]:
+    """One message and the file descriptors that came with it (the caller closes them).
+
+    Raises ConnectionError when the peer has gone, InvalidArgumentError for a message over
+    `max_bytes` (the stream is then out of step: the caller ends the connection).
+    """
+    fds: list[int] = []
+    try:
+        head = _receive_exactly(sock, bytearray(_LEN.size), fds)
+        (length,) = _LEN.unpack(head)
+        if length > max_bytes:
+            raise errors.InvalidArgumentError(f"a message of {length} bytes; at most {max_bytes}")
+        return memoryview(_receive_exactly(sock, bytearray(length), fds)), fds
+    except BaseException:
+        close_all(fds)
+        raise
+
+
+def _receive_exactly(sock: socket.socket, buf: bytearray, fds: list[int]) -> bytearray:
+    view, got = memoryview(buf), 0
+    room = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
+    while got < len(buf):
+        nbytes, ancillary, _, _ = sock.recvmsg_into([view[got:]], room)
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.extend(array.array("i", data[: len(data) - len(data) % 4]))
+        if nbytes == 0:
+            raise ConnectionError("the peer closed the connection")
+        got += nbytes
+    return buf
+
+
+def close_all(fds: Sequence[int]) -> None:
+    for fd in fds:
+        os.close(fd)

@@ -1,0 +1,400 @@
+"""The same-host data plane (shared memory over a Unix socket) against well-behaved clients
+and hostile ones: the same bytes as the other paths, corrupted blocks refused, and every
+malformed hello, region or call answered with a typed error (or the connection closed)
+while the node keeps serving, holding no lease, reservation or file descriptor it should
+not. The adversary is a raw socket speaking `shm_messages`; it never learns another
+connection's secret.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import socket
+import struct
+
+import grpc
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvstore import errors
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.checksum import checksum
+from kvstore.client import Client
+from kvstore.client_common import raise_rpc_error
+from kvstore.dataplane import frames, shm_messages
+from kvstore.dataplane.base import Admission
+from kvstore.dataplane.frames import Op, Reply, Request
+from kvstore.dataplane.regions import Region
+from kvstore.dataplane.selection import Selection
+from kvstore.dataplane.shm_client import ShmClient
+from kvstore.keys import KVLayout, Namespace, block_keys
+from kvstore.server import EmbeddedServer, ServerConfig
+from kvstore.store_config import StoreConfig
+
+NS = Namespace("llama-shm", KVLayout("float16", 4, 2, 64, 16))  # 32 KiB blocks
+REGION_LIMIT = 8 * NS.block_bytes
+
+
+def _chain(n: int, seed: int) -> list[bytes]:
+    return block_keys(NS, np.arange(n * NS.block_tokens) + seed * 1_000_000)
+
+
+def _blocks(n: int, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, NS.block_bytes, dtype=np.uint8) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def node():
+    config = ServerConfig(
+        port=0,
+        dataplane="shm",
+        max_dataplane_connections_per_peer=4,
+        max_shm_region_bytes=REGION_LIMIT,
+        dataplane_hello_timeout_s=2.0,
+    )
+    store = StoreConfig(dram_bytes=64 << 20, slab_bytes=1 << 20, max_batch_keys=64)
+    with EmbeddedServer(store, config) as server:
+        with Client(server.address, transport="grpc") as client:
+            client.register_namespace(NS)
+        yield server
+
+
+def _client(node, transport: str = "shm") -> Client:
+    client = Client(node.address, timeout_s=10.0, transport=transport)
+    client.register_namespace(NS)
+    return client
+
+
+def _quiet(node) -> None:
+    """Nothing left open: no lease, no reservation, no connection of a closed client."""
+    with _client(node, "grpc") as client:
+        stats = client.stats()
+    assert (stats.num_leases, stats.num_reservations) == (0, 0)
+
+
+def _round_trip_works(node, seed: int) -> None:
+    keys, blocks = _chain(4, seed), _blocks(4, seed)
+    with _client(node) as client:
+        client.put_chain(NS.id, keys, blocks)
+        out = [np.zeros(NS.block_bytes, np.uint8) for _ in keys]
+        assert client.get_into(NS.id, keys, out) == (True,) * 4
+        assert all((o == b).all() for o, b in zip(out, blocks, strict=True))
+        client.remove(NS.id, keys)
+    _quiet(node)
+
+
+def _open_fds() -> list[str]:
+    """What this process (the node's too) holds open: files by name, "socket", "pipe"."""
+    names = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(FileNotFoundError):  # the listing's own
+            names.append(os.readlink(f"/proc/self/fd/{fd}").split(":[")[0])
+    return sorted(names)
+
+
+def test_shm_moves_the_bytes_the_other_paths_read(node):
+    keys, blocks = _chain(8, 1), _blocks(8, 1)
+    with _client(node) as shm, _client(node, "grpc") as grpc_client:
+        assert isinstance(shm.data_plane(), ShmClient)
+        assert shm.put_chain(NS.id, keys, blocks).num_stored == 8
+        assert [bytes(b) for b in grpc_client.get(NS.id, keys).blocks] == [
+            b.tobytes() for b in blocks
+        ]
+        out = [np.zeros(NS.block_bytes, np.uint8) for _ in keys]
+        assert shm.get_into(NS.id, [*keys, _chain(1, 99)[0]], [*out, out[0].copy()]) == (
+            (True,) * 8 + (False,)
+        )
+        assert all((o == b).all() for o, b in zip(out, blocks, strict=True))
+        assert shm.put_chain(NS.id, keys, blocks).num_present == 8  # present: nothing moves
+        # In parts: part s of every block lands in parts[s], in order.
+        parts = [[np.zeros(NS.block_bytes // 4, np.uint8) for _ in keys] for _ in range(4)]
+        seen = []
+        got = shm.data_plane().submit_get_parts(NS.id, keys, parts, NS.block_bytes, seen.append)
+        assert got.result(timeout=10) == (True,) * 8
+        assert seen == [0, 1, 2, 3]
+        for i, block in enumerate(blocks):
+            assert (np.concatenate([p[i] for p in parts]) == block).all()
+        shm.remove(NS.id, keys)
+    _quiet(node)
+
+
+def test_auto_picks_shared_memory_on_the_nodes_host(node):
+    with _client(node, "auto") as client:
+        assert isinstance(client.data_plane(), ShmClient)
+
+
+def test_calls_past_the_region_limit(node):
+    """A get of more blocks than the region holds goes in several calls; a put must fit
+    (it is all or nothing) and is refused whole, with nothing stored."""
+    keys, blocks = _chain(20, 2), _blocks(20, 2)
+    with _client(node) as client:
+        dp = client.data_plane()
+        with pytest.raises(errors.BatchTooLargeError, match="max_shm_region_bytes"):
+            dp.put(NS.id, keys, blocks, None, NS.block_bytes)
+        assert client.match(NS.id, keys).num_matched == 0
+        for start in range(0, 20, 8):
+            client.put_chain(NS.id, keys[start : start + 8], blocks[start : start + 8])
+        out = [np.zeros(NS.block_bytes, np.uint8) for _ in keys]
+        assert dp.get_into(NS.id, keys, out, NS.block_bytes) == (True,) * 20
+        assert all((o == b).all() for o, b in zip(out, blocks, strict=True))
+        client.remove(NS.id, keys)
+    _quiet(node)
+
+
+def test_corrupted_block_is_never_accepted_by_the_client(node):
+    keys, blocks = _chain(3, 3), _blocks(3, 3)
+    with _client(node) as client:
+        client.put_chain(NS.id, keys, blocks)
+        lease = node.store.acquire(NS.id, keys[1:2])
+        lease.views[0][100] ^= 0xFF  # flip a byte behind the store's back
+        node.store.release(lease.lease_id)
+        out = [np.zeros(NS.block_bytes, np.uint8) for _ in keys]
+        assert client.get_into(NS.id, keys, out) == (True, False, True)
+        assert (out[0] == blocks[0]).all() and (out[2] == blocks[2]).all()
+        assert client.data_plane().checksum_failures == 1
+        parts = [[np.zeros(NS.block_bytes // 4, np.uint8) for _ in keys] for _ in range(4)]
+        got = client.data_plane().submit_get_parts(NS.id, keys, parts, NS.block_bytes)
+        assert got.result(timeout=10) == (True, False, True)
+        assert client.data_plane().checksum_failures == 2
+        client.remove(NS.id, keys)
+
+
+def test_a_put_whose_bytes_change_under_it_is_not_committed(node, monkeypatch):
+    """The node sums its own copy: a client whose staged bytes differ from the checksums
+    it sent (here: sums of other bytes) gets ChecksumMismatchError and nothing is stored."""
+    keys, blocks = _chain(2, 4), _blocks(2, 4)
+    with _client(node) as client:
+        dp = client.data_plane()
+        monkeypatch.setattr("kvstore.dataplane.shm_client.checksum", lambda data, crc=0: 7)
+        with pytest.raises(errors.ChecksumMismatchError):
+            dp.put(NS.id, keys, blocks, None, NS.block_bytes)
+        monkeypatch.undo()
+        assert client.match(NS.id, keys).num_matched == 0
+        assert dp.is_open
+    _quiet(node)
+
+
+# -- hostile peers ------------------------------------------------------------------------
+
+
+def _admission(node) -> pb.DataPlaneInfoResponse:
+    with grpc.insecure_channel(node.address) as channel:
+        stub = pb_grpc.KVStoreStub(channel)
+        return stub.DataPlaneInfo(pb.DataPlaneInfoRequest(transport="shm"), timeout=10)
+
+
+def _raw_socket(node) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(10.0)
+    sock.connect(node.dataplanes["shm"].address)
+    return sock
+
+
+def _answer(sock: socket.socket) -> Reply | None:
+    """The node's reply, or None if it closed the connection."""
+    try:
+        data, fds = shm_messages.receive(sock, 1 << 20)
+    except ConnectionError:
+        return None
+    shm_messages.close_all(fds)
+    return frames.decode_reply(data, 0)
+
+
+def _sealed_region(size: int = 64 << 10, seals: int = fcntl.F_SEAL_SHRINK) -> int:
+    fd = os.memfd_create("adversary", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    if seals:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+    return fd
+
+
+def _hello(node, fds: list[int], secret: bytes | None = None, client_id: int | None = None):
+    admitted = _admission(node)
+    sock = _raw_socket(node)
+    hello = shm_messages.encode_hello(
+        admitted.client_id if client_id is None else client_id,
+        admitted.connection_secret if secret is None else secret,
+    )
+    shm_messages.send(sock, hello, fds)
+    return sock, _answer(sock)
+
+
+def _unsealed() -> int:
+    return _sealed_region(seals=0)
+
+
+def _pipe() -> int:
+    read, write = os.pipe()
+    os.close(write)
+    return read
+
+
+def _too_big() -> int:
+    return _sealed_region(REGION_LIMIT + 1)
+
+
+def _write_sealed() -> int:
+    return _sealed_region(seals=fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_WRITE)
+
+
+@pytest.mark.parametrize(
+    ("make_fds", "secret", "error"),
+    [
+        (lambda: [_sealed_region()], b"x" * 16, "PermissionDeniedError"),
+        (lambda: [], None, "InvalidArgumentError"),
+        (lambda: [_pipe()], None, "InvalidArgumentError"),
+        (lambda: [_unsealed()], None, "InvalidArgumentError"),
+        (lambda: [_too_big()], None, "InvalidArgumentError"),
+        (lambda: [_write_sealed()], None, "InvalidArgumentError"),
+    ],
+    ids=["wrong-secret", "no-region", "pipe", "unsealed", "too-big", "write-sealed"],
+)
+def test_bad_hellos_are_refused_and_the_node_keeps_serving(node, make_fds, secret, error):
+    _round_trip_works(node, seed=10)
+    before = _open_fds()
+    fds = make_fds()
+    try:
+        sock, reply = _hello(node, fds, secret)
+    finally:
+        shm_messages.close_all(fds)
+    assert reply is not None and type(reply.error).__name__ == error, reply
+    assert sock.recv(1) == b""  # and the node hung up
+    sock.close()
+    node.dataplanes["shm"].reap(now=float("inf"))  # the admissions no socket claimed
+    _round_trip_works(node, seed=10)
+    after = _open_fds()  # the node kept none of the adversary's files, nor its socket
+    assert [f for f in after if f != "socket"] == [f for f in before if f != "socket"]
+    assert node.dataplanes["shm"].num_connections == 0
+
+
+def test_a_connection_cannot_be_claimed_twice(node):
+    admitted = _admission(node)
+    hello = shm_messages.encode_hello(admitted.client_id, admitted.connection_secret)
+    first, second = _raw_socket(node), _raw_socket(node)
+    fd = _sealed_region()
+    try:
+        shm_messages.send(first, hello, [fd])
+        assert _answer(first).error is None
+        shm_messages.send(second, hello, [fd])  # replayed by someone who saw it
+        assert isinstance(_answer(second).error, errors.PermissionDeniedError)
+    finally:
+        os.close(fd)
+        first.close()
+        second.close()
+
+
+@pytest.fixture
+def hello(node):
+    """A raw socket that said a proper hello, and its region."""
+    fd = _sealed_region(REGION_LIMIT)
+    sock, reply = _hello(node, [fd])
+    assert reply is not None and reply.error is None and reply.block_bytes == REGION_LIMIT
+    region = Region(fd, REGION_LIMIT)
+    os.close(fd)
+    yield sock, region
+    sock.close()
+    region.close()
+
+
+def _call(sock, req: Request, offsets) -> Reply | None:
+    shm_messages.send(sock, shm_messages.encode_call(req, offsets))
+    try:
+        data, _ = shm_messages.receive(sock, 1 << 20)
+    except ConnectionError:
+        return None
+    return frames.decode_reply(data, len(req.keys), req.op is Op.GET)
+
+
+def test_calls_outside_the_region_change_nothing(node, hello):
+    sock, region = hello
+    keys, blocks = _chain(2, 20), _blocks(2, 20)
+    for i, block in enumerate(blocks):
+        region.array[i * NS.block_bytes :][: NS.block_bytes] = block
+    sums = tuple(checksum(b) for b in blocks)
+    put = Request(Op.PUT, 1, NS.id, tuple(keys), NS.block_bytes, None, sums)
+    for offsets in ([0, REGION_LIMIT - 1], [-1 & (2**64 - 1), 0], [2**63, 0]):
+        reply = _call(sock, put, offsets)
+        assert isinstance(reply.error, errors.InvalidArgumentError), reply
+    get = Request(Op.GET, 2, NS.id, tuple(keys), NS.block_bytes)
+    assert _call(sock, get, [REGION_LIMIT, 0]).error is not None
+    with _client(node, "grpc") as client:
+        assert client.match(NS.id, keys).num_matched == 0
+    assert _call(sock, put, [0, NS.block_bytes]).flags == (0, 0)  # RESERVED, stored
+    got = _call(sock, get, [2 * NS.block_bytes, 3 * NS.block_bytes])
+    assert got.flags == (1, 1) and got.checksums == sums
+    assert (region.array[2 * NS.block_bytes :][: NS.block_bytes] == blocks[0]).all()
+    with _client(node, "grpc") as client:
+        client.remove(NS.id, keys)
+    _quiet(node)
+
+
+def test_a_message_past_the_limit_ends_only_its_connection(node, hello):
+    sock, _ = hello
+    sock.sendall(struct.pack("<I", 1 << 30))
+    assert sock.recv(1) == b""
+    _round_trip_works(node, seed=21)
+
+
+def test_a_socket_that_never_says_hello_is_closed(node):
+    sock = _raw_socket(node)
+    assert sock.recv(1) == b""  # at the hello deadline (2 s here); recv's own limit is 10 s
+    sock.close()
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.binary(max_size=600))
+def test_arbitrary_messages_get_typed_errors(node, hello, data):
+    sock, _ = hello
+    shm_messages.send(sock, data)
+    reply_data, _ = shm_messages.receive(sock, 1 << 20)
+    reply = frames.decode_reply(reply_data, 0)
+    assert isinstance(reply.error, errors.KVStoreError)
+    assert _call(
+        sock, Request(Op.GET, 3, NS.id, tuple(_chain(1, 30)), NS.block_bytes), [0]
+    ).flags == (0,)
+
+
+def test_region_cannot_be_shrunk_under_the_node():
+    region, fd = Region.create(1 << 20)
+    try:
+        with pytest.raises(PermissionError):
+            os.ftruncate(fd, 4096)
+    finally:
+        os.close(fd)
+        region.close()
+
+
+def test_shm_handshakes_count_against_the_connection_limits(node):
+    admitted = [_admission(node) for _ in range(4)]
+    with pytest.raises(grpc.RpcError) as err:
+        _admission(node)
+    assert err.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert len(admitted) == node.dataplanes["shm"].num_connections
+    assert node.dataplanes["shm"].reap(now=float("inf")) == 4
+
+
+def test_a_client_elsewhere_falls_back_and_stops_trying_shm(node):
+    """Admitted, but the node's socket is out of reach (another host): UCX or an error,
+    and no second try of shm from this process."""
+    stub = pb_grpc.KVStoreStub(grpc.insecure_channel(node.address))
+
+    def elsewhere(transport: str, client_address: bytes) -> tuple[bytes, Admission]:
+        try:
+            answer = stub.DataPlaneInfo(pb.DataPlaneInfoRequest(transport=transport), timeout=10)
+        except grpc.RpcError as err:
+            raise_rpc_error(err)
+        return b"\0kvstore-not-here", Admission(answer.client_id, answer.connection_secret)
+
+    selection = Selection("auto", node.address, 5.0)
+    with pytest.raises(errors.UnavailableError):  # the node has no ucx plane
+        selection.open(elsewhere)
+    assert not selection.shm_reachable
+    assert node.dataplanes["shm"].reap(now=float("inf")) == 1
