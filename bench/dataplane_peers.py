@@ -226,7 +226,11 @@ def drive_kvstore(
         for op, size, batch in cells:
             ns = _namespace(size)
             assert client.register_namespace(ns).block_bytes == size, "layout math is off"
-            bufs = [np.ones(size, np.uint8) for _ in range(batch)]
+            # Memory the data plane moves blocks through with the fewest copies (shared
+            # with a node on this host, as Mooncake's registered buffers), touched first.
+            backing = client.buffer(size * batch)
+            backing[:] = 1
+            bufs = list(backing.reshape(batch, size))
             seeds = iter(range(1, 1 << 30))
 
             def keys(seed: int, ns: Any = ns, batch: int = batch) -> list[bytes]:

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import grpc
+import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvstore import errors, wire
@@ -45,6 +46,7 @@ from kvstore.dataplane.base import Admission
 from kvstore.dataplane.buffers import as_transfer_buffer
 from kvstore.dataplane.retry import REFUSALS, HandshakeRetry
 from kvstore.dataplane.selection import Selection
+from kvstore.dataplane.shm_client import ShmClient
 from kvstore.keys import Namespace
 from kvstore.results import (
     NO_RESERVATION,
@@ -143,6 +145,14 @@ class AsyncClient:
                 return None
             self.dataplane_retry.succeeded()
             return self._dataplane
+
+    async def buffer(self, nbytes: int) -> np.ndarray:
+        """`Client.buffer`: memory the data plane moves blocks in and out of with the
+        fewest copies."""
+        dataplane = await self.data_plane()
+        if isinstance(dataplane, ShmClient):
+            return await asyncio.to_thread(dataplane.buffer, nbytes)
+        return np.empty(nbytes, np.uint8)
 
     async def get_into(
         self, namespace_id: bytes, keys: Sequence[bytes], buffers: Sequence[Any]

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import grpc
+import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvstore import errors, wire
@@ -46,6 +47,7 @@ from kvstore.dataplane.base import Admission
 from kvstore.dataplane.buffers import as_transfer_buffer
 from kvstore.dataplane.retry import REFUSALS, HandshakeRetry
 from kvstore.dataplane.selection import Selection
+from kvstore.dataplane.shm_client import ShmClient
 from kvstore.keys import Namespace
 from kvstore.results import (
     NO_RESERVATION,
@@ -160,6 +162,15 @@ class Client:
                 return None
             self.dataplane_retry.succeeded()
             return self._dataplane
+
+    def buffer(self, nbytes: int) -> np.ndarray:
+        """`nbytes` of host memory (uint8) that `get_into` and `put` move blocks in and out
+        of with the fewest copies: with a node on this host, memory shared with it (the
+        node copies blocks straight in and out); else plain memory. Slice blocks from it."""
+        dataplane = self.data_plane()
+        if isinstance(dataplane, ShmClient):
+            return dataplane.buffer(nbytes)
+        return np.empty(nbytes, np.uint8)
 
     def get_into(
         self, namespace_id: bytes, keys: Sequence[bytes], buffers: Sequence[Any]

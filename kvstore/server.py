@@ -68,6 +68,9 @@ class ServerConfig(TenancySettings, ListenerSecurity):
     max_shm_region_bytes: int = option(
         1 << 30, "largest shared-memory region a same-host client may hand over", parse_bytes
     )
+    max_shm_regions: int = option(
+        16, "most shared-memory regions one same-host connection may hand over (staging included)"
+    )
     metrics_port: int = option(0, "port of the Prometheus /metrics endpoint on --host (0: off)")
 
     def __post_init__(self) -> None:
@@ -80,6 +83,8 @@ class ServerConfig(TenancySettings, ListenerSecurity):
             )
         if self.max_shm_region_bytes < 64 << 10:
             raise InvalidArgumentError("max_shm_region_bytes must be at least 64KiB")
+        if not 1 <= self.max_shm_regions <= 256:
+            raise InvalidArgumentError("max_shm_regions must be 1 to 256")
         if self.transfer_timeout_s <= 0:
             raise InvalidArgumentError("transfer_timeout_s must be positive")
         if min(self.max_dataplane_connections, self.max_dataplane_connections_per_peer) < 1:
@@ -127,6 +132,7 @@ def make_dataplanes(
         hello_timeout_s=config.dataplane_hello_timeout_s,
         idle_timeout_s=config.dataplane_idle_timeout_s,
         max_region_bytes=config.max_shm_region_bytes,
+        max_regions=config.max_shm_regions,
     )
     planes = {name: TRANSPORTS[name].server(store, settings, metrics, tenants) for name in names}
     log.info(

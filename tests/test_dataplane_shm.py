@@ -29,7 +29,7 @@ from kvstore.client_common import raise_rpc_error
 from kvstore.dataplane import frames, shm_messages
 from kvstore.dataplane.base import Admission
 from kvstore.dataplane.frames import Op, Reply, Request
-from kvstore.dataplane.regions import Region
+from kvstore.dataplane.regions import Region, placement
 from kvstore.dataplane.selection import Selection
 from kvstore.dataplane.shm_client import ShmClient
 from kvstore.keys import KVLayout, Namespace, block_keys
@@ -121,6 +121,35 @@ def test_shm_moves_the_bytes_the_other_paths_read(node):
         for i, block in enumerate(blocks):
             assert (np.concatenate([p[i] for p in parts]) == block).all()
         shm.remove(NS.id, keys)
+    _quiet(node)
+
+
+def test_shared_buffers_move_without_a_copy_on_the_client_side(node):
+    """Blocks in `Client.buffer` memory: the node copies them straight in and out; the
+    bytes are the same, a corrupted one is still refused, and buffers of both kinds mix."""
+    keys, blocks = _chain(4, 5), _blocks(4, 5)
+    with _client(node) as client, _client(node, "grpc") as grpc_client:
+        with pytest.raises(errors.InvalidArgumentError, match="max_shm_region_bytes"):
+            client.buffer(REGION_LIMIT + 1)
+        assert grpc_client.buffer(10).nbytes == 10  # plain memory there
+        shared = client.buffer(8 * NS.block_bytes).reshape(8, NS.block_bytes)
+        shared[:4] = blocks
+        assert client.put_chain(NS.id, keys, list(shared[:4])).num_stored == 4
+        assert [bytes(b) for b in grpc_client.get(NS.id, keys).blocks] == [
+            b.tobytes() for b in blocks
+        ]
+        assert client.get_into(NS.id, keys, list(shared[4:])) == (True,) * 4
+        assert (shared[4:] == shared[:4]).all()
+        lease = node.store.acquire(NS.id, keys[2:3])
+        lease.views[0][7] ^= 0xFF
+        node.store.release(lease.lease_id)
+        failures = client.data_plane().checksum_failures
+        assert client.get_into(NS.id, keys, list(shared[4:])) == (True, True, False, True)
+        assert client.data_plane().checksum_failures == failures + 1
+        mixed = [shared[4], np.zeros(NS.block_bytes, np.uint8)]  # one shared, one not
+        assert client.get_into(NS.id, keys[:2], mixed) == (True, True)
+        assert (mixed[1] == blocks[1]).all()
+        client.remove(NS.id, keys)
     _quiet(node)
 
 
@@ -332,6 +361,27 @@ def test_calls_outside_the_region_change_nothing(node, hello):
     with _client(node, "grpc") as client:
         client.remove(NS.id, keys)
     _quiet(node)
+
+
+def test_regions_past_the_limits_or_never_handed_over_are_refused(node, hello):
+    sock, _ = hello
+    for index in (1, 15):  # the node's default max_shm_regions: 16
+        fd = _sealed_region()
+        shm_messages.send(sock, bytes([shm_messages.Kind.REGION, index]), [fd])
+        os.close(fd)
+        assert _answer(sock).error is None
+    for message, error in (
+        (bytes([shm_messages.Kind.REGION, 16]), "max_shm_regions"),
+        (bytes([shm_messages.Kind.REGION]), "two bytes and one region"),
+    ):
+        fd = _sealed_region()
+        shm_messages.send(sock, message, [fd])
+        os.close(fd)
+        assert error in str(_answer(sock).error)
+    get = Request(Op.GET, 1, NS.id, tuple(_chain(1, 40)), NS.block_bytes)
+    reply = _call(sock, get, [placement(7, 0)])
+    assert "no region 7" in str(reply.error)
+    _round_trip_works(node, seed=41)
 
 
 def test_a_message_past_the_limit_ends_only_its_connection(node, hello):

@@ -32,6 +32,7 @@ class ServerSettings:
     hello_timeout_s: float = 10.0  # a connection that never sends a frame is dropped
     idle_timeout_s: float = 300.0  # and one that sends none for this long
     max_region_bytes: int = 1 << 30  # largest shared-memory region a same-host client maps
+    max_regions: int = 16  # most regions one same-host connection hands over
 
 
 class Admission(NamedTuple):

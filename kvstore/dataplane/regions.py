@@ -102,6 +102,51 @@ class Region:
             self._map.close()
 
 
+INDEX_SHIFT = 56  # a placement: region index in its top byte, offset in the rest
+OFFSET_MASK = (1 << INDEX_SHIFT) - 1
+
+
+def placement(index: int, offset: int) -> int:
+    """Where a block is: byte `offset` of region `index` (`Regions`), as one u64."""
+    return index << INDEX_SHIFT | offset
+
+
+class Regions:
+    """The regions of one connection by index: 0 is the client's staging region, the others
+    hold caller buffers (`ShmClient.buffer`); at most `max_regions` of them."""
+
+    def __init__(self, max_regions: int) -> None:
+        self.max_regions = max_regions
+        self._by_index: dict[int, Region] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_index)
+
+    def set(self, index: int, region: Region) -> None:
+        """Puts `region` at `index`, replacing (and unmapping) the one there."""
+        if not 0 <= index < self.max_regions:
+            region.close()
+            raise errors.InvalidArgumentError(
+                f"region index {index}; 0 to {self.max_regions - 1} (max_shm_regions)"
+            )
+        old = self._by_index.pop(index, None)
+        if old is not None:
+            old.close()
+        self._by_index[index] = region
+
+    def span(self, where: int, nbytes: int) -> np.ndarray:
+        """The bytes a placement names; InvalidArgumentError if no region holds them."""
+        region = self._by_index.get(where >> INDEX_SHIFT)
+        if region is None:
+            raise errors.InvalidArgumentError(f"no region {where >> INDEX_SHIFT} was handed over")
+        return region.span(where & OFFSET_MASK, nbytes)
+
+    def close(self) -> None:
+        for region in self._by_index.values():
+            region.close()
+        self._by_index.clear()
+
+
 def copy(dst: np.ndarray, src: np.ndarray) -> None:
     """dst[:] = src for two uint8 arrays of one size (numpy lets go of the GIL meanwhile)."""
     if dst.shape != src.shape:  # never broadcast

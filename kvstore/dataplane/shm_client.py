@@ -38,7 +38,7 @@ from kvstore.dataplane.buffers import (
     write_host_bytes,
 )
 from kvstore.dataplane.frames import Op, Reply, Request
-from kvstore.dataplane.regions import Region, copy
+from kvstore.dataplane.regions import Region, copy, placement
 from kvstore.dataplane.ucx_server import STATUS_CODES
 from kvstore.results import ReserveResult
 
@@ -61,7 +61,8 @@ class ShmClient(DataPlaneClient):
         self._lock = threading.Lock()  # one exchange on the socket at a time
         self._closed = threading.Event()
         self._sock: socket.socket | None = None
-        self._region: Region | None = None
+        self._region: Region | None = None  # staging, index 0; grown by `_room`
+        self._shared: list[tuple[int, Region]] = []  # (address, region) of `buffer()`s
         self._limit = 0
         self._worker = concurrent.futures.ThreadPoolExecutor(1, "kvstore-shm-client")
         try:
@@ -98,6 +99,46 @@ class ShmClient(DataPlaneClient):
         with contextlib.suppress(OSError, errors.KVStoreError), self._lock:
             self._send(Request(Op.CLOSE, next(self._ids), b"", (), 0), ())
         self._abort()
+
+    def buffer(self, nbytes: int) -> np.ndarray:
+        """`nbytes` of memory shared with the node: blocks a get places there are copied
+        straight in by the node, and a put's are copied straight out, with no copy on this
+        side. Raises InvalidArgumentError past the node's region limits."""
+        region, fd = Region.create(nbytes)
+        try:
+            with self._lock:
+                if self._sock is None:
+                    raise errors.UnavailableError("data-plane connection is closed")
+                index = len(self._shared) + 1
+                shm_messages.send(self._sock, bytes([shm_messages.Kind.REGION, index]), [fd])
+                self._reply(0)
+                self._shared.append((_address(region.array), region))
+        except BaseException:
+            region.close()
+            raise
+        finally:
+            os.close(fd)
+        return region.array
+
+    def _placed(self, buf: TransferBuffer) -> int | None:
+        """Where a caller buffer lies in shared memory (`regions.placement`), if it does."""
+        if buf.is_device or not self._shared:
+            return None
+        start = _address(buf.obj)
+        for index, (base, region) in enumerate(self._shared, 1):
+            if base <= start and start + buf.nbytes <= base + region.size:
+                return placement(index, start - base)
+        return None
+
+    def _all_placed(self, parts: list[list[TransferBuffer]]) -> list[list[int]] | None:
+        """Where every buffer lies in shared memory, or None unless they all do."""
+        where = []
+        for part in parts:
+            row = [self._placed(b) for b in part]
+            if None in row:
+                return None
+            where.append(row)
+        return where  # type: ignore[return-value]
 
     def _abort(self) -> None:
         self._closed.set()
@@ -142,7 +183,7 @@ class ShmClient(DataPlaneClient):
         block_bytes: int,
     ) -> concurrent.futures.Future[ReserveResult]:
         bufs = self._checked(keys, blocks, block_bytes, writable=False)
-        if len(keys) * block_bytes > self._limit:
+        if self._all_placed([bufs]) is None and len(keys) * block_bytes > self._limit:
             raise errors.BatchTooLargeError(
                 f"a put of {len(keys) * block_bytes} bytes; the node's shared-memory region "
                 f"holds at most {self._limit} (max_shm_region_bytes)"
@@ -205,7 +246,7 @@ class ShmClient(DataPlaneClient):
         size = min(max(nbytes, 2 * self._region.size), self._limit)
         region, fd = Region.create(size)
         try:
-            shm_messages.send(self._sock, bytes([shm_messages.Kind.REGION]), [fd])
+            shm_messages.send(self._sock, bytes([shm_messages.Kind.REGION, 0]), [fd])
         finally:
             os.close(fd)
         self._reply(0)
@@ -227,6 +268,13 @@ class ShmClient(DataPlaneClient):
         two halves of the region: the node copies one call's blocks into its half while
         this thread copies the other's out and checks them.
         """
+        where = self._all_placed(parts)
+        if where is not None:
+            shared = self._get_shared(namespace_id, keys, parts, block_bytes, where)
+            if on_part is not None:
+                for s in range(len(parts)):
+                    on_part(s)
+            return shared
         per_call = max(1, min(-(-len(keys) // 4), CALL_BYTES // block_bytes))
         per_call = min(per_call, max(1, self._limit // (2 * block_bytes)))
         calls = [slice(a, a + per_call) for a in range(0, len(keys), per_call)]
@@ -245,13 +293,44 @@ class ShmClient(DataPlaneClient):
                         self._reply(len(keys[calls[k + 1]]), True)
                 raise
             base = (k % depth) * half
-            found += self._land(region, base, reply, [p[call] for p in parts], block_bytes)
+            found += self._check(reply, [p[call] for p in parts], region, base, block_bytes)
             if k + depth < len(calls):
                 later = keys[calls[k + depth]]
                 self._send_get(namespace_id, later, len(parts), block_bytes, base)
         if on_part is not None:
             for s in range(len(parts)):
                 on_part(s)
+        return tuple(found)
+
+    def _get_shared(
+        self,
+        namespace_id: bytes,
+        keys: tuple[bytes, ...],
+        parts: list[list[TransferBuffer]],
+        block_bytes: int,
+        where: list[list[int]],
+    ) -> tuple[bool, ...]:
+        """A get whose buffers are all shared (`where[s][i]`: part s of key i): calls of a
+        quarter of the keys, all sent at once, so the node copies the next while this
+        thread checks the last; nothing is copied on this side."""
+        per_call = max(1, min(-(-len(keys) // 4), CALL_BYTES // block_bytes))
+        calls = [slice(a, a + per_call) for a in range(0, len(keys), per_call)]
+        for call in calls:
+            offsets = [p for part in where for p in part[call]]
+            req = Request(
+                Op.GET, next(self._ids), namespace_id, keys[call], block_bytes, segments=len(parts)
+            )
+            self._send(req, offsets)
+        found: list[bool] = []
+        for k, call in enumerate(calls):
+            try:
+                reply = self._reply(len(keys[call]), True)
+            except errors.KVStoreError:
+                for later in calls[k + 1 :]:  # replies still due
+                    with contextlib.suppress(errors.KVStoreError):
+                        self._reply(len(keys[later]), True)
+                raise
+            found += self._check(reply, [p[call] for p in parts], None, 0, block_bytes)
         return tuple(found)
 
     def _send_get(
@@ -271,16 +350,17 @@ class ShmClient(DataPlaneClient):
         req = Request(Op.GET, next(self._ids), namespace_id, keys, block_bytes, segments=segments)
         self._send(req, offsets)
 
-    def _land(
+    def _check(
         self,
-        region: Region,
-        base: int,
         reply: Reply,
         parts: list[list[TransferBuffer]],
+        region: Region | None,
+        base: int,
         block_bytes: int,
     ) -> list[bool]:
-        """Copies the blocks a GET reply says landed from the region on to the caller's
-        buffers; which were found and match their CRC32C."""
+        """Which blocks a GET reply says were found and match their CRC32C: each checked in
+        the caller's buffers, where it landed (`region` None) or once copied there from the
+        staging region (block i's part s at `base + i * block_bytes + s * size`)."""
         segments, num_keys = len(parts), len(parts[0])
         size = block_bytes // segments
         hits = [i for i, f in enumerate(reply.flags) if f]
@@ -290,6 +370,9 @@ class ShmClient(DataPlaneClient):
         for i, want in zip(hits, reply.checksums, strict=True):
             crc = 0
             for s in range(segments):
+                if region is None:
+                    crc = checksum(parts[s][i].obj, crc)
+                    continue
                 landed = region.array[base + i * block_bytes + s * size :][:size]
                 crc = checksum(_write(parts[s][i], landed), crc)
             found[i] = crc == want
@@ -306,16 +389,21 @@ class ShmClient(DataPlaneClient):
         parents: tuple[bytes | None, ...] | None,
         block_bytes: int,
     ) -> ReserveResult:
-        region = self._room(len(keys) * block_bytes)
-        sums = []
-        for i, buf in enumerate(bufs):
-            staged = region.array[i * block_bytes : (i + 1) * block_bytes]
-            copy(staged, np.frombuffer(host_bytes(buf), np.uint8))
-            sums.append(checksum(staged))
+        where = self._all_placed([bufs])
+        if where is not None:  # shared: the node copies them straight out
+            offsets, sums = where[0], [checksum(b.obj) for b in bufs]
+        else:
+            region = self._room(len(keys) * block_bytes)
+            offsets, sums = [], []
+            for i, buf in enumerate(bufs):
+                staged = region.array[i * block_bytes : (i + 1) * block_bytes]
+                copy(staged, np.frombuffer(host_bytes(buf), np.uint8))
+                offsets.append(placement(0, i * block_bytes))
+                sums.append(checksum(staged))
         req = Request(
             Op.PUT, next(self._ids), namespace_id, keys, block_bytes, parents, tuple(sums)
         )
-        self._send(req, [i * block_bytes for i in range(len(keys))])
+        self._send(req, offsets)
         reply = self._reply(len(keys))
         if any(f >= len(STATUS_CODES) for f in reply.flags):
             raise ConnectionError("data-plane put reply is malformed")
@@ -331,6 +419,11 @@ def _connect(name: bytes, timeout_s: float) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def _address(buf: Any) -> int:
+    """Where a host buffer's bytes start."""
+    return int(np.frombuffer(buf, np.uint8).__array_interface__["data"][0])
 
 
 def _write(buf: TransferBuffer, landed: np.ndarray) -> Any:

@@ -9,14 +9,16 @@ and limits, each checked exactly.
 | message | from   | bytes                                          | fds                     |
 |---------|--------|------------------------------------------------|-------------------------|
 | HELLO   | client | kind, connection id (u32), secret (16 bytes)   | its region              |
-| REGION  | client | kind                                           | a region replacing it   |
+| REGION  | client | kind, region index (u8)                        | a region at that index  |
 | CALL    | client | kind, a request frame, a placement frame       | none                    |
 | reply   | node   | a reply frame                                  | none                    |
 
 The node answers HELLO and REGION (a reply whose `block_bytes` is its region limit, or an
-error) and every CALL but PING and CLOSE, in order. A placement frame holds the region
-offset of every block a call moves (u64 each): for a PUT, where block i is; for a GET,
-where part s of block i goes, at index `s * num_keys + i` (one part: the whole block).
+error) and every CALL but PING and CLOSE, in order. HELLO's region is index 0 (the client's
+staging); REGION puts one at its index, replacing any there. A placement frame holds where
+every block a call moves is (u64 each, `regions.placement`: region index and offset): for
+a PUT, block i; for a GET, where part s of block i goes, at `s * num_keys + i` (one part:
+the whole block).
 """
 
 from __future__ import annotations

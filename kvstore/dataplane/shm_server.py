@@ -42,7 +42,7 @@ from kvstore.dataplane.base import Admission, DataPlaneServer, ServerSettings
 from kvstore.dataplane.buffers import as_transfer_buffer, host_bytes
 from kvstore.dataplane.connections import Connection, Connections
 from kvstore.dataplane.frames import Op, Reply, Request
-from kvstore.dataplane.regions import Region, copy
+from kvstore.dataplane.regions import Region, Regions, copy
 from kvstore.dataplane.ucx_server import STATUS_CODES
 from kvstore.metrics import CallMetrics
 from kvstore.results import PutStatus
@@ -159,19 +159,19 @@ class ShmServer(DataPlaneServer):
 
     def _serve(self, sock: socket.socket) -> None:
         conn: Connection | None = None
-        region: Region | None = None
+        regions = Regions(self.settings.max_regions)
         try:
             sock.settimeout(self.settings.hello_timeout_s)
-            conn, region = self._hello(sock)
+            conn = self._hello(sock, regions)
             sock.settimeout(self.settings.idle_timeout_s)
             while not self._stopped.is_set():
                 data, fds = shm_messages.receive(sock, self._max_message)
                 conn.deadline = time.monotonic() + self.settings.idle_timeout_s
                 if data[:1] == bytes([shm_messages.Kind.REGION]):
-                    region = self._new_region(sock, region, data, fds)
+                    self._new_region(sock, regions, data, fds)
                     continue
                 shm_messages.close_all(fds)
-                if not self._call(sock, conn, region, data):
+                if not self._call(sock, conn, regions, data):
                     return  # CLOSE
         except (OSError, ConnectionError, errors.KVStoreError) as exc:
             # The peer went, fell silent, sent a message past the limit or a bad hello.
@@ -180,8 +180,7 @@ class ShmServer(DataPlaneServer):
         except Exception:
             log.exception("event=shm_error")
         finally:
-            if region is not None:
-                region.close()
+            regions.close()
             if conn is not None:
                 self._connections.pop(conn.client_id)
                 with self._lock:
@@ -191,8 +190,8 @@ class ShmServer(DataPlaneServer):
                 self._serving.discard(threading.current_thread())
             sock.close()
 
-    def _hello(self, sock: socket.socket) -> tuple[Connection, Region]:
-        """The connection a socket's HELLO claims and the region it brought; raises
+    def _hello(self, sock: socket.socket, regions: Regions) -> Connection:
+        """The connection a socket's HELLO claims (its region put in `regions` at 0); raises
         InvalidArgumentError or PermissionDeniedError (replied to the socket) otherwise."""
         data, fds = shm_messages.receive(sock, self._max_message)
         try:
@@ -206,6 +205,7 @@ class ShmServer(DataPlaneServer):
             if len(fds) != 1:
                 raise errors.InvalidArgumentError(f"a hello carries one region, not {len(fds)}")
             region = Region.admit(fds[0], self.settings.max_region_bytes)
+            regions.set(0, region)
         except errors.KVStoreError as exc:
             with contextlib.suppress(OSError):
                 shm_messages.send(sock, frames.encode_reply(Reply(error=exc)))
@@ -215,30 +215,29 @@ class ShmServer(DataPlaneServer):
         conn.deadline = time.monotonic() + self.settings.idle_timeout_s
         shm_messages.send(sock, frames.encode_reply(self._region_ack()))
         log.info("event=shm_connect client=%d region_bytes=%d", conn.client_id, region.size)
-        return conn, region
+        return conn
 
     def _region_ack(self) -> Reply:
         return Reply(block_bytes=self.settings.max_region_bytes)
 
     def _new_region(
-        self, sock: socket.socket, region: Region, data: memoryview, fds: list[int]
-    ) -> Region:
-        """REGION: the new region replaces the old one, or the old one stays (error reply)."""
+        self, sock: socket.socket, regions: Regions, data: memoryview, fds: list[int]
+    ) -> None:
+        """REGION: the region goes at its index, replacing any there; on an error reply
+        the regions stay as they were."""
         try:
-            if len(data) != 1 or len(fds) != 1:
-                raise errors.InvalidArgumentError("a region message is one byte and one region")
-            new = Region.admit(fds[0], self.settings.max_region_bytes)
+            if len(data) != 2 or len(fds) != 1:
+                raise errors.InvalidArgumentError("a region message is two bytes and one region")
+            regions.set(data[1], Region.admit(fds[0], self.settings.max_region_bytes))
         except errors.KVStoreError as exc:
             shm_messages.send(sock, frames.encode_reply(Reply(error=exc)))
-            return region
+            return
         finally:
             shm_messages.close_all(fds)
-        region.close()
         shm_messages.send(sock, frames.encode_reply(self._region_ack()))
-        return new
 
     def _call(
-        self, sock: socket.socket, conn: Connection, region: Region, data: memoryview
+        self, sock: socket.socket, conn: Connection, regions: Regions, data: memoryview
     ) -> bool:
         """Serves one CALL; False once the client said CLOSE."""
         start, op = time.perf_counter(), "call"
@@ -251,9 +250,9 @@ class ShmServer(DataPlaneServer):
                 return True
             conn.check_block_bytes(req)
             if req.op is Op.GET:
-                reply = self._get(conn, region, req, offsets)
+                reply = self._get(conn, regions, req, offsets)
             else:
-                reply = self._put(conn, region, req, offsets)
+                reply = self._put(conn, regions, req, offsets)
         except errors.KVStoreError as exc:
             reply = Reply(error=exc)
             if self.metrics is not None:
@@ -264,10 +263,10 @@ class ShmServer(DataPlaneServer):
         return True
 
     def _get(
-        self, conn: Connection, region: Region, req: Request, offsets: tuple[int, ...]
+        self, conn: Connection, regions: Regions, req: Request, offsets: tuple[int, ...]
     ) -> Reply:
         size, num_keys = req.block_bytes // req.segments, len(req.keys)
-        targets = [region.span(off, size) for off in offsets]  # all checked before a lease
+        targets = [regions.span(off, size) for off in offsets]  # all checked before a lease
         lease = conn.store.acquire(req.namespace_id, req.keys, True, conn.peer)
         try:
             hits = [i for i, v in enumerate(lease.views) if v is not None]
@@ -283,9 +282,9 @@ class ShmServer(DataPlaneServer):
         return Reply(frames.flags_of(lease.found), 0, req.block_bytes, checksums=sums)
 
     def _put(
-        self, conn: Connection, region: Region, req: Request, offsets: tuple[int, ...]
+        self, conn: Connection, regions: Regions, req: Request, offsets: tuple[int, ...]
     ) -> Reply:
-        sources = [region.span(off, req.block_bytes) for off in offsets]
+        sources = [regions.span(off, req.block_bytes) for off in offsets]
         reserved = conn.store.reserve(req.namespace_id, req.keys, req.parents, conn.peer)
         rid = reserved.reservation_id
         todo = [i for i, s in enumerate(reserved.statuses) if s is PutStatus.RESERVED]
