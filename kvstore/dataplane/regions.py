@@ -25,10 +25,13 @@ import ctypes
 import fcntl
 import mmap
 import os
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from kvstore import errors
+from kvstore.dataplane.buffers import TransferBuffer
 
 TMPFS_MAGIC = 0x01021994  # statfs f_type of shmem, where a plain memfd lives
 _STATFS_BYTES = 256  # more than struct statfs on any Linux ABI; f_type comes first
@@ -145,6 +148,47 @@ class Regions:
         for region in self._by_index.values():
             region.close()
         self._by_index.clear()
+
+
+class SharedBuffers:
+    """A client's caller buffers in shared memory: regions 1, 2, ... of its connection."""
+
+    def __init__(self) -> None:
+        self._regions: list[tuple[int, Region]] = []  # (start address, region)
+
+    @property
+    def next_index(self) -> int:
+        return len(self._regions) + 1
+
+    def add(self, region: Region) -> None:
+        self._regions.append((address_of(region.array), region))
+
+    def where(self, parts: Sequence[Sequence[TransferBuffer]]) -> list[list[int]] | None:
+        """The placement of every buffer (`parts[s][i]` -> `[s][i]`), or None unless they
+        all lie in shared memory."""
+        if not self._regions:
+            return None
+        out = []
+        for part in parts:
+            row = [self._placed(b) for b in part]
+            if None in row:
+                return None
+            out.append(row)
+        return out  # type: ignore[return-value]
+
+    def _placed(self, buf: TransferBuffer) -> int | None:
+        if buf.is_device:
+            return None
+        start = address_of(buf.obj)
+        for index, (base, region) in enumerate(self._regions, 1):
+            if base <= start and start + buf.nbytes <= base + region.size:
+                return placement(index, start - base)
+        return None
+
+
+def address_of(buf: Any) -> int:
+    """Where a host buffer's bytes start."""
+    return int(np.frombuffer(buf, np.uint8).__array_interface__["data"][0])
 
 
 def copy(dst: np.ndarray, src: np.ndarray) -> None:

@@ -1,15 +1,16 @@
-"""The client's same-host side: one Unix socket and one shared-memory region (`regions`)
-to one node (`shm_server`).
+"""The client's same-host side: one Unix socket and shared-memory regions (`regions`) to
+one node (`shm_server`).
 
-Blocks pass through the region: the node copies a get's blocks into it and the client
-copies them on to the caller's buffers, checking each against the CRC32C the node sent (a
-block that fails is reported missed, never found); a put's blocks are copied into it and
-summed there, and the node copies them once more into its slots and checks those sums.
-Two copies in all, one on each side, and no transport in between.
+Caller buffers from `ShmClient.buffer` are shared with the node, which copies blocks
+straight into and out of them. Others go through the staging region: the node copies a
+get's blocks into it and the client copies them on; a put's are copied into it first. A
+get's blocks are checked against the CRC32C the node sent, where the caller will read them
+(one that fails is reported missed, never found); a put carries the CRC32C of each block
+and the node commits only if its own copy matches.
 
-The region grows to the largest call, up to the node's limit (which the node states at
-hello). A get larger than that goes in several calls; a put must fit, since a put is all or
-nothing. Calls from any thread run in order on the client's own thread; an idle client
+The staging region grows to the largest call, up to the node's limit (stated at hello). A
+get larger than that goes in several calls; a staged put must fit (a put is all or
+nothing). Calls from any thread run in order on the client's own thread; an idle client
 pings, so the node keeps the connection.
 """
 
@@ -38,7 +39,7 @@ from kvstore.dataplane.buffers import (
     write_host_bytes,
 )
 from kvstore.dataplane.frames import Op, Reply, Request
-from kvstore.dataplane.regions import Region, copy, placement
+from kvstore.dataplane.regions import Region, SharedBuffers, copy, placement
 from kvstore.dataplane.ucx_server import STATUS_CODES
 from kvstore.results import ReserveResult
 
@@ -62,7 +63,7 @@ class ShmClient(DataPlaneClient):
         self._closed = threading.Event()
         self._sock: socket.socket | None = None
         self._region: Region | None = None  # staging, index 0; grown by `_room`
-        self._shared: list[tuple[int, Region]] = []  # (address, region) of `buffer()`s
+        self._shared = SharedBuffers()
         self._limit = 0
         self._worker = concurrent.futures.ThreadPoolExecutor(1, "kvstore-shm-client")
         try:
@@ -104,41 +105,12 @@ class ShmClient(DataPlaneClient):
         """`nbytes` of memory shared with the node: blocks a get places there are copied
         straight in by the node, and a put's are copied straight out, with no copy on this
         side. Raises InvalidArgumentError past the node's region limits."""
-        region, fd = Region.create(nbytes)
-        try:
-            with self._lock:
-                if self._sock is None:
-                    raise errors.UnavailableError("data-plane connection is closed")
-                index = len(self._shared) + 1
-                shm_messages.send(self._sock, bytes([shm_messages.Kind.REGION, index]), [fd])
-                self._reply(0)
-                self._shared.append((_address(region.array), region))
-        except BaseException:
-            region.close()
-            raise
-        finally:
-            os.close(fd)
+        with self._lock:
+            if self._sock is None:
+                raise errors.UnavailableError("data-plane connection is closed")
+            region = self._hand_over(self._shared.next_index, nbytes)
+            self._shared.add(region)
         return region.array
-
-    def _placed(self, buf: TransferBuffer) -> int | None:
-        """Where a caller buffer lies in shared memory (`regions.placement`), if it does."""
-        if buf.is_device or not self._shared:
-            return None
-        start = _address(buf.obj)
-        for index, (base, region) in enumerate(self._shared, 1):
-            if base <= start and start + buf.nbytes <= base + region.size:
-                return placement(index, start - base)
-        return None
-
-    def _all_placed(self, parts: list[list[TransferBuffer]]) -> list[list[int]] | None:
-        """Where every buffer lies in shared memory, or None unless they all do."""
-        where = []
-        for part in parts:
-            row = [self._placed(b) for b in part]
-            if None in row:
-                return None
-            where.append(row)
-        return where  # type: ignore[return-value]
 
     def _abort(self) -> None:
         self._closed.set()
@@ -183,7 +155,7 @@ class ShmClient(DataPlaneClient):
         block_bytes: int,
     ) -> concurrent.futures.Future[ReserveResult]:
         bufs = self._checked(keys, blocks, block_bytes, writable=False)
-        if self._all_placed([bufs]) is None and len(keys) * block_bytes > self._limit:
+        if self._shared.where([bufs]) is None and len(keys) * block_bytes > self._limit:
             raise errors.BatchTooLargeError(
                 f"a put of {len(keys) * block_bytes} bytes; the node's shared-memory region "
                 f"holds at most {self._limit} (max_shm_region_bytes)"
@@ -238,21 +210,28 @@ class ShmClient(DataPlaneClient):
             raise reply.error
         return reply
 
-    def _room(self, nbytes: int) -> Region:
-        """The region, grown (and handed to the node) to hold `nbytes`."""
-        assert self._sock is not None and self._region is not None
-        if nbytes <= self._region.size:
-            return self._region
-        size = min(max(nbytes, 2 * self._region.size), self._limit)
-        region, fd = Region.create(size)
+    def _hand_over(self, index: int, nbytes: int) -> Region:
+        """A new region of `nbytes`, handed to the node at `index`."""
+        assert self._sock is not None
+        region, fd = Region.create(nbytes)
         try:
-            shm_messages.send(self._sock, bytes([shm_messages.Kind.REGION, 0]), [fd])
+            shm_messages.send(self._sock, bytes([shm_messages.Kind.REGION, index]), [fd])
+            self._reply(0)
+        except BaseException:
+            region.close()
+            raise
         finally:
             os.close(fd)
-        self._reply(0)
-        self._region.close()
-        self._region = region
         return region
+
+    def _room(self, nbytes: int) -> Region:
+        """The staging region, grown (and handed to the node) to hold `nbytes`."""
+        assert self._region is not None
+        if nbytes > self._region.size:
+            new = self._hand_over(0, min(max(nbytes, 2 * self._region.size), self._limit))
+            self._region.close()
+            self._region = new
+        return self._region
 
     def _get(
         self,
@@ -262,76 +241,71 @@ class ShmClient(DataPlaneClient):
         block_bytes: int,
         on_part: Callable[[int], None] | None,
     ) -> tuple[bool, ...]:
-        """`parts[s][i]`: where part s of key i lands.
+        """`parts[s][i]`: where part s of key i lands; `on_part(s)` once every part has.
 
-        In calls of a quarter of the keys (at most CALL_BYTES each), two in flight, in the
-        two halves of the region: the node copies one call's blocks into its half while
-        this thread copies the other's out and checks them.
+        In calls of a quarter of the keys (at most CALL_BYTES each), so the node copies one
+        call's blocks while this thread checks (and copies out) the last one's.
         """
-        where = self._all_placed(parts)
-        if where is not None:
-            shared = self._get_shared(namespace_id, keys, parts, block_bytes, where)
-            if on_part is not None:
-                for s in range(len(parts)):
-                    on_part(s)
-            return shared
         per_call = max(1, min(-(-len(keys) // 4), CALL_BYTES // block_bytes))
-        per_call = min(per_call, max(1, self._limit // (2 * block_bytes)))
+        where = self._shared.where(parts)
+        if where is None:
+            per_call = min(per_call, max(1, self._limit // (2 * block_bytes)))
         calls = [slice(a, a + per_call) for a in range(0, len(keys), per_call)]
-        half = per_call * block_bytes
-        depth = 2 if len(calls) > 1 and 2 * half <= self._limit else 1
-        region = self._room(depth * half)
-        for k in range(depth):
-            self._send_get(namespace_id, keys[calls[k]], len(parts), block_bytes, k * half)
-        found: list[bool] = []
-        for k, call in enumerate(calls):
-            try:
-                reply = self._reply(len(keys[call]), True)
-            except errors.KVStoreError:
-                for _ in range(k + 1, min(k + depth, len(calls))):  # replies still due
-                    with contextlib.suppress(errors.KVStoreError):
-                        self._reply(len(keys[calls[k + 1]]), True)
-                raise
-            base = (k % depth) * half
-            found += self._check(reply, [p[call] for p in parts], region, base, block_bytes)
-            if k + depth < len(calls):
-                later = keys[calls[k + depth]]
-                self._send_get(namespace_id, later, len(parts), block_bytes, base)
+        if where is None:
+            found = self._get_staged(namespace_id, keys, parts, block_bytes, calls)
+        else:
+            for call in calls:  # all at once: they land where the caller reads them
+                offsets = [p for part in where for p in part[call]]
+                self._send_get(namespace_id, keys[call], len(parts), block_bytes, offsets)
+            found = []
+            for k, call in enumerate(calls):
+                reply = self._get_reply(keys, calls[k:])
+                found += self._check(reply, [p[call] for p in parts], None, 0, block_bytes)
         if on_part is not None:
             for s in range(len(parts)):
                 on_part(s)
         return tuple(found)
 
-    def _get_shared(
+    def _get_staged(
         self,
         namespace_id: bytes,
         keys: tuple[bytes, ...],
         parts: list[list[TransferBuffer]],
         block_bytes: int,
-        where: list[list[int]],
-    ) -> tuple[bool, ...]:
-        """A get whose buffers are all shared (`where[s][i]`: part s of key i): calls of a
-        quarter of the keys, all sent at once, so the node copies the next while this
-        thread checks the last; nothing is copied on this side."""
-        per_call = max(1, min(-(-len(keys) // 4), CALL_BYTES // block_bytes))
-        calls = [slice(a, a + per_call) for a in range(0, len(keys), per_call)]
-        for call in calls:
-            offsets = [p for part in where for p in part[call]]
-            req = Request(
-                Op.GET, next(self._ids), namespace_id, keys[call], block_bytes, segments=len(parts)
-            )
-            self._send(req, offsets)
+        calls: list[slice],
+    ) -> list[bool]:
+        """`_get` through the staging region: two calls in flight, one in each half."""
+        half, segments = (calls[0].stop - calls[0].start) * block_bytes, len(parts)
+        depth = 2 if len(calls) > 1 and 2 * half <= self._limit else 1
+        region = self._room(depth * half)
+        size = block_bytes // segments
+
+        def send(k: int) -> None:  # block i of call k whole at i * block_bytes in its half
+            n, base = len(keys[calls[k]]), (k % depth) * half
+            offsets = [base + i * block_bytes + s * size for s in range(segments) for i in range(n)]
+            self._send_get(namespace_id, keys[calls[k]], segments, block_bytes, offsets)
+
+        for k in range(depth):
+            send(k)
         found: list[bool] = []
         for k, call in enumerate(calls):
-            try:
-                reply = self._reply(len(keys[call]), True)
-            except errors.KVStoreError:
-                for later in calls[k + 1 :]:  # replies still due
-                    with contextlib.suppress(errors.KVStoreError):
-                        self._reply(len(keys[later]), True)
-                raise
-            found += self._check(reply, [p[call] for p in parts], None, 0, block_bytes)
-        return tuple(found)
+            reply = self._get_reply(keys, calls[k : k + depth])
+            base = (k % depth) * half
+            found += self._check(reply, [p[call] for p in parts], region, base, block_bytes)
+            if k + depth < len(calls):
+                send(k + depth)
+        return found
+
+    def _get_reply(self, keys: tuple[bytes, ...], due: list[slice]) -> Reply:
+        """The reply to the call of `due[0]`'s keys; after an error reply, the replies to
+        the later calls still `due` are read and dropped first (the stream stays in step)."""
+        try:
+            return self._reply(len(keys[due[0]]), True)
+        except errors.KVStoreError:
+            for later in due[1:]:
+                with contextlib.suppress(errors.KVStoreError):
+                    self._reply(len(keys[later]), True)
+            raise
 
     def _send_get(
         self,
@@ -339,14 +313,8 @@ class ShmClient(DataPlaneClient):
         keys: tuple[bytes, ...],
         segments: int,
         block_bytes: int,
-        base: int,
+        offsets: list[int],
     ) -> None:
-        """Asks for `keys` into the region from `base`: block i whole at i * block_bytes
-        past it, its part s at s * (block_bytes / segments) within that."""
-        size = block_bytes // segments
-        offsets = [
-            base + i * block_bytes + s * size for s in range(segments) for i in range(len(keys))
-        ]
         req = Request(Op.GET, next(self._ids), namespace_id, keys, block_bytes, segments=segments)
         self._send(req, offsets)
 
@@ -389,7 +357,7 @@ class ShmClient(DataPlaneClient):
         parents: tuple[bytes | None, ...] | None,
         block_bytes: int,
     ) -> ReserveResult:
-        where = self._all_placed([bufs])
+        where = self._shared.where([bufs])
         if where is not None:  # shared: the node copies them straight out
             offsets, sums = where[0], [checksum(b.obj) for b in bufs]
         else:
@@ -419,11 +387,6 @@ def _connect(name: bytes, timeout_s: float) -> socket.socket:
         sock.close()
         raise
     return sock
-
-
-def _address(buf: Any) -> int:
-    """Where a host buffer's bytes start."""
-    return int(np.frombuffer(buf, np.uint8).__array_interface__["data"][0])
 
 
 def _write(buf: TransferBuffer, landed: np.ndarray) -> Any:
