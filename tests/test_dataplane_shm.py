@@ -194,21 +194,6 @@ def test_corrupted_block_is_never_accepted_by_the_client(node):
         client.remove(NS.id, keys)
 
 
-def test_a_put_whose_bytes_change_under_it_is_not_committed(node, monkeypatch):
-    """The node sums its own copy: a client whose staged bytes differ from the checksums
-    it sent (here: sums of other bytes) gets ChecksumMismatchError and nothing is stored."""
-    keys, blocks = _chain(2, 4), _blocks(2, 4)
-    with _client(node) as client:
-        dp = client.data_plane()
-        monkeypatch.setattr("kvstore.dataplane.shm_client.checksum", lambda data, crc=0: 7)
-        with pytest.raises(errors.ChecksumMismatchError):
-            dp.put(NS.id, keys, blocks, None, NS.block_bytes)
-        monkeypatch.undo()
-        assert client.match(NS.id, keys).num_matched == 0
-        assert dp.is_open
-    _quiet(node)
-
-
 # -- hostile peers ------------------------------------------------------------------------
 
 
@@ -382,6 +367,22 @@ def test_regions_past_the_limits_or_never_handed_over_are_refused(node, hello):
     reply = _call(sock, get, [placement(7, 0)])
     assert "no region 7" in str(reply.error)
     _round_trip_works(node, seed=41)
+
+
+def test_a_put_whose_bytes_do_not_match_its_sums_is_not_committed(node, hello):
+    """The node sums its own copy: blocks that differ from the checksums the call carries
+    (a client that changed them after summing) are refused whole, and nothing is stored."""
+    sock, region = hello
+    keys, blocks = _chain(2, 45), _blocks(2, 45)
+    for i, block in enumerate(blocks):
+        region.array[i * NS.block_bytes :][: NS.block_bytes] = block
+    sums = (checksum(blocks[0]), checksum(blocks[1]) ^ 1)
+    put = Request(Op.PUT, 1, NS.id, tuple(keys), NS.block_bytes, None, sums)
+    reply = _call(sock, put, [0, NS.block_bytes])
+    assert isinstance(reply.error, errors.ChecksumMismatchError), reply
+    with _client(node, "grpc") as client:
+        assert client.match(NS.id, keys).num_matched == 0
+    _quiet(node)
 
 
 def test_a_message_past_the_limit_ends_only_its_connection(node, hello):

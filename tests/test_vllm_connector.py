@@ -99,13 +99,16 @@ def test_fresh_process_loads_prefix_another_stored_and_recomputes_corrupt_blocks
     assert "event=load_incomplete" in third.log
 
 
+@pytest.mark.parametrize("transport", ["ucx", "shm"])
 def test_a_block_failing_its_checksum_after_the_forward_read_it_never_yields_a_token(
-    model, reference, tmp_path
+    model, reference, tmp_path, transport
 ):
-    """Layer by layer, a block's CRC32C is known only once its last layer is in, after the
-    forward pass has read its first layers: the connector reports it failed after the
-    step, vLLM drops that step's output and recomputes from the block, and the output is
-    the reference. The node is in this process, to flip a byte of a block's last layer."""
+    """Layer by layer over UCX, a block's CRC32C is known only once its last layer is in,
+    after the forward pass has read its first layers: the connector reports it failed after
+    the step, vLLM drops that step's output and recomputes from the block, and the output is
+    the reference. Over shared memory (same host) a call's layers land together, checked,
+    and the connector reports the same. The node is in this process, to flip a byte of a
+    block's last layer."""
     store_config = StoreConfig(dram_bytes=64 << 20, slab_bytes=1 << 20)
     node = EmbeddedServer(store_config, ServerConfig(port=0))
     with node:
@@ -117,9 +120,11 @@ def test_a_block_failing_its_checksum_after_the_forward_read_it_never_yields_a_t
         lease = node.store.acquire(ns.id, [keys[5]])
         lease.views[0][-1] ^= 0xFF  # block 5's last layer, behind the store's back
         node.store.release(lease.lease_id)
-        reader = run_vllm(tmp_path, "reader", **_kvstore(model, node.address, {"turns": [PROMPT]}))
+        spec = _kvstore(model, node.address, {"turns": [PROMPT]})
+        spec["connector_extra"] = {"kvstore.transport": transport}
+        reader = run_vllm(tmp_path, "reader", **spec)
     assert reader.outputs == [reference]
-    assert "event=ucx_checksum_failure" in reader.log
+    assert f"event={transport}_checksum_failure" in reader.log
     assert re.search(r"event=load_incomplete req=s0t0\S* loaded=5 failed=5", reader.log)
     assert "Recovered from KV load failure: 1 request(s) rescheduled" in reader.log
 

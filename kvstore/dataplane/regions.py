@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from kvstore import errors
+from kvstore.checksum import checksum
 from kvstore.dataplane.buffers import TransferBuffer
 
 TMPFS_MAGIC = 0x01021994  # statfs f_type of shmem, where a plain memfd lives
@@ -105,6 +106,7 @@ class Region:
             self._map.close()
 
 
+PIECE_BYTES = 512 << 10  # `copy_summed` sums each piece while a core's cache still has it
 INDEX_SHIFT = 56  # a placement: region index in its top byte, offset in the rest
 OFFSET_MASK = (1 << INDEX_SHIFT) - 1
 
@@ -196,3 +198,16 @@ def copy(dst: np.ndarray, src: np.ndarray) -> None:
     if dst.shape != src.shape:  # never broadcast
         raise ValueError(f"copy of {src.shape} bytes into {dst.shape}")
     np.copyto(dst, src, casting="no")
+
+
+def copy_summed(dst: np.ndarray, src: np.ndarray, crc: int = 0) -> int:
+    """`copy`, in pieces, each summed as soon as it is copied (from the cache, not from
+    memory: a second pass over a large block would read it all again); returns the CRC32C
+    of `dst` (continuing `crc`)."""
+    if dst.shape != src.shape:
+        raise ValueError(f"copy of {src.shape} bytes into {dst.shape}")
+    for start in range(0, dst.nbytes, PIECE_BYTES):
+        piece = dst[start : start + PIECE_BYTES]
+        np.copyto(piece, src[start : start + PIECE_BYTES], casting="no")
+        crc = checksum(piece, crc)
+    return crc

@@ -39,7 +39,7 @@ from kvstore.dataplane.buffers import (
     write_host_bytes,
 )
 from kvstore.dataplane.frames import Op, Reply, Request
-from kvstore.dataplane.regions import Region, SharedBuffers, copy, placement
+from kvstore.dataplane.regions import Region, SharedBuffers, copy_summed, placement
 from kvstore.dataplane.ucx_server import STATUS_CODES
 from kvstore.results import ReserveResult
 
@@ -342,7 +342,7 @@ class ShmClient(DataPlaneClient):
                     crc = checksum(parts[s][i].obj, crc)
                     continue
                 landed = region.array[base + i * block_bytes + s * size :][:size]
-                crc = checksum(_write(parts[s][i], landed), crc)
+                crc = _write(parts[s][i], landed, crc)
             found[i] = crc == want
             if crc != want:
                 self.checksum_failures += 1
@@ -365,9 +365,8 @@ class ShmClient(DataPlaneClient):
             offsets, sums = [], []
             for i, buf in enumerate(bufs):
                 staged = region.array[i * block_bytes : (i + 1) * block_bytes]
-                copy(staged, np.frombuffer(host_bytes(buf), np.uint8))
+                sums.append(copy_summed(staged, np.frombuffer(host_bytes(buf), np.uint8)))
                 offsets.append(placement(0, i * block_bytes))
-                sums.append(checksum(staged))
         req = Request(
             Op.PUT, next(self._ids), namespace_id, keys, block_bytes, parents, tuple(sums)
         )
@@ -389,12 +388,11 @@ def _connect(name: bytes, timeout_s: float) -> socket.socket:
     return sock
 
 
-def _write(buf: TransferBuffer, landed: np.ndarray) -> Any:
-    """Copies `landed` into the caller's buffer; returns the bytes to check: the caller's
-    own copy on the host, the region's for device memory (which the host cannot read)."""
+def _write(buf: TransferBuffer, landed: np.ndarray, crc: int) -> int:
+    """Copies `landed` into the caller's buffer; returns the CRC32C (continuing `crc`) of
+    the caller's own copy on the host, or of the region's for device memory (which the
+    host cannot read)."""
     if buf.is_device:
         write_host_bytes(buf, landed)
-        return landed
-    dst = np.frombuffer(buf.obj, np.uint8)
-    copy(dst, landed)
-    return dst
+        return checksum(landed, crc)
+    return copy_summed(np.frombuffer(buf.obj, np.uint8), landed, crc)

@@ -36,13 +36,12 @@ import time
 import numpy as np
 
 from kvstore import errors
-from kvstore.checksum import checksum
 from kvstore.dataplane import frames, shm_messages
 from kvstore.dataplane.base import Admission, DataPlaneServer, ServerSettings
 from kvstore.dataplane.buffers import as_transfer_buffer, host_bytes
 from kvstore.dataplane.connections import Connection, Connections
 from kvstore.dataplane.frames import Op, Reply, Request
-from kvstore.dataplane.regions import Region, Regions, copy
+from kvstore.dataplane.regions import Region, Regions, copy, copy_summed
 from kvstore.dataplane.ucx_server import STATUS_CODES
 from kvstore.metrics import CallMetrics
 from kvstore.results import PutStatus
@@ -291,10 +290,8 @@ class ShmServer(DataPlaneServer):
         try:
             views = conn.store.reservation_views(rid, conn.peer) if todo else {}
             crcs = {}
-            for i in todo:
-                slot = np.frombuffer(views[i], np.uint8)
-                copy(slot, sources[i])
-                crcs[i] = checksum(slot)  # the node's copy, which the client cannot touch
+            for i in todo:  # summed from the node's copy, which the client cannot touch
+                crcs[i] = copy_summed(np.frombuffer(views[i], np.uint8), sources[i])
             conn.store.commit(rid, req.checksums or None, conn.peer, written=crcs)
         except BaseException:
             with contextlib.suppress(errors.KVStoreError):
