@@ -222,8 +222,9 @@ def _drive(config: LoadConfig, server: ServerProcess) -> LoadRun:
 
 
 def _transport_of(results: list[WorkerResult]) -> str:
+    """The planes the data-plane ops took ("shm", "ucx", "grpc"), comma-joined."""
     names = {op.rsplit("-", 1)[1] for r in results for op in r.latencies_s if op.startswith("put-")}
-    return "ucx" if "ucx" in names else "grpc"
+    return ",".join(sorted(names - {"grpc"})) or "grpc"
 
 
 # -- rows --------------------------------------------------------------------------------

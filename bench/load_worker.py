@@ -203,8 +203,9 @@ class Worker:
         return time.perf_counter() - start
 
     def _name(self, verb: str) -> str:
-        """`get-dp` is `get-ucx` over the data plane, `get-grpc` where it fell back to gRPC."""
-        return verb.replace("-dp", "-grpc" if self.dp.transport == "grpc" else "-ucx")
+        """`get-dp` is `get-shm` or `get-ucx` over the data plane the client opened (shared
+        memory on the node's host), `get-grpc` where it fell back to gRPC."""
+        return verb.replace("-dp", "-" + self.dp.plane)
 
     def _prompt(self) -> int:
         n = self.config.num_prompts

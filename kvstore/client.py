@@ -138,6 +138,14 @@ class Client:
         response = self._call(self._stub.DataPlaneInfo, request)
         return response.server_address, Admission(response.client_id, response.connection_secret)
 
+    @property
+    def plane(self) -> str:
+        """The path `get_into`/`put` take now: "shm", "ucx" or "grpc"."""
+        dataplane = self._dataplane
+        if dataplane is None or not dataplane.is_open:
+            return "grpc"
+        return "shm" if isinstance(dataplane, ShmClient) else "ucx"
+
     def data_plane(self) -> DataPlaneClient | None:
         """The data-plane connection `get_into`/`put` use (`kvstore.dataplane.selection`:
         shared memory on the node's host, else UCX), made on first use; None means gRPC.
