@@ -385,6 +385,43 @@ def test_a_put_whose_bytes_do_not_match_its_sums_is_not_committed(node, hello):
     _quiet(node)
 
 
+def test_eager_puts_take_their_sums_from_the_message_behind_them(node, hello):
+    """An eager put's sums follow it (the client sums while the node copies): right sums
+    commit; wrong or missing ones commit nothing; a put refused before its copy still reads
+    its sums, so the stream stays one reply per call."""
+    sock, region = hello
+    keys, blocks = _chain(2, 46), _blocks(2, 46)
+    for i, block in enumerate(blocks):
+        region.array[i * NS.block_bytes :][: NS.block_bytes] = block
+    sums = [checksum(b) for b in blocks]
+    offsets = [0, NS.block_bytes]
+
+    def eager(request_id: int, block_bytes: int = NS.block_bytes) -> Request:
+        return Request(Op.PUT, request_id, NS.id, tuple(keys), block_bytes, None, (0, 0), True)
+
+    def send(req: Request, message: bytes) -> Reply:
+        shm_messages.send(sock, shm_messages.encode_call(req, offsets))
+        shm_messages.send(sock, message)
+        data, _ = shm_messages.receive(sock, 1 << 20)
+        return frames.decode_reply(data, len(keys))
+
+    reply = send(eager(1), shm_messages.encode_sums(1, [sums[0], sums[1] ^ 1]))
+    assert isinstance(reply.error, errors.ChecksumMismatchError)
+    reply = send(eager(2), shm_messages.encode_sums(99, sums))  # another request's sums
+    assert "not 2" in str(reply.error)
+    reply = send(eager(3), shm_messages.encode_call(Request(Op.PING, 4, b"", (), 0), []))
+    assert "followed by its sums" in str(reply.error)
+    with _client(node, "grpc") as client:
+        assert client.match(NS.id, keys).num_matched == 0
+    reply = send(eager(5, NS.block_bytes + 1), shm_messages.encode_sums(5, sums))
+    assert isinstance(reply.error, errors.PayloadSizeError)  # refused first, sums read
+    assert send(eager(6), shm_messages.encode_sums(6, sums)).flags == (0, 0)  # stored
+    with _client(node, "grpc") as client:
+        assert [bytes(b) for b in client.get(NS.id, keys).blocks] == [b.tobytes() for b in blocks]
+        client.remove(NS.id, keys)
+    _quiet(node)
+
+
 def test_a_message_past_the_limit_ends_only_its_connection(node, hello):
     sock, _ = hello
     sock.sendall(struct.pack("<I", 1 << 30))

@@ -357,20 +357,22 @@ class ShmClient(DataPlaneClient):
         parents: tuple[bytes | None, ...] | None,
         block_bytes: int,
     ) -> ReserveResult:
+        """Shared buffers: an eager put, summed here while the node copies them out, the
+        sums sent behind it. Others: staged (and summed) in the region, then the put."""
+        req = Request(Op.PUT, next(self._ids), namespace_id, keys, block_bytes, parents)
         where = self._shared.where([bufs])
-        if where is not None:  # shared: the node copies them straight out
-            offsets, sums = where[0], [checksum(b.obj) for b in bufs]
+        if where is not None:
+            self._send(req._replace(checksums=(0,) * len(keys), eager=True), where[0])
+            sums = [checksum(b.obj) for b in bufs]
+            assert self._sock is not None
+            shm_messages.send(self._sock, shm_messages.encode_sums(req.request_id, sums))
         else:
-            region = self._room(len(keys) * block_bytes)
-            offsets, sums = [], []
+            region, sums = self._room(len(keys) * block_bytes), []
             for i, buf in enumerate(bufs):
                 staged = region.array[i * block_bytes : (i + 1) * block_bytes]
                 sums.append(copy_summed(staged, np.frombuffer(host_bytes(buf), np.uint8)))
-                offsets.append(placement(0, i * block_bytes))
-        req = Request(
-            Op.PUT, next(self._ids), namespace_id, keys, block_bytes, parents, tuple(sums)
-        )
-        self._send(req, offsets)
+            offsets = [placement(0, i * block_bytes) for i in range(len(keys))]
+            self._send(req._replace(checksums=tuple(sums)), offsets)
         reply = self._reply(len(keys))
         if any(f >= len(STATUS_CODES) for f in reply.flags):
             raise ConnectionError("data-plane put reply is malformed")

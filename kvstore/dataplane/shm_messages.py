@@ -11,6 +11,7 @@ and limits, each checked exactly.
 | HELLO   | client | kind, connection id (u32), secret (16 bytes)   | its region              |
 | REGION  | client | kind, region index (u8)                        | a region at that index  |
 | CALL    | client | kind, a request frame, a placement frame       | none                    |
+| SUMS    | client | kind, a sealed request id (u64), CRC32C each   | none                    |
 | reply   | node   | a reply frame                                  | none                    |
 
 The node answers HELLO and REGION (a reply whose `block_bytes` is its region limit, or an
@@ -19,6 +20,10 @@ staging); REGION puts one at its index, replacing any there. A placement frame h
 every block a call moves is (u64 each, `regions.placement`: region index and offset): for
 a PUT, block i; for a GET, where part s of block i goes, at `s * num_keys + i` (one part:
 the whole block).
+
+An eager PUT (`Request.eager`) is sent before its blocks are summed: its checksums come in
+the SUMS message right behind it, so the client sums while the node copies. The node reads
+that SUMS before it answers the PUT, whatever the answer.
 """
 
 from __future__ import annotations
@@ -43,6 +48,10 @@ class Kind(enum.IntEnum):
     HELLO = 1
     REGION = 2
     CALL = 3
+    SUMS = 4
+
+
+_SUMS_HEAD = struct.Struct("<Q")  # the request id the sums are for
 
 
 def encode_hello(client_id: int, secret: bytes) -> bytes:
@@ -86,6 +95,25 @@ def decode_call(data: memoryview) -> tuple[Request, tuple[int, ...]]:
             f"call moves {expected} blocks but places {len(body) / 8:g}"
         )
     return req, struct.unpack(f"<{expected}Q", body)
+
+
+def encode_sums(request_id: int, sums: Sequence[int]) -> bytes:
+    body = _SUMS_HEAD.pack(request_id) + struct.pack(f"<{len(sums)}I", *sums)
+    return bytes([Kind.SUMS]) + frames.seal(body)
+
+
+def decode_sums(data: memoryview, req: Request) -> tuple[int, ...]:
+    """The checksums of eager PUT `req`; InvalidArgumentError unless `data` is exactly its
+    SUMS message."""
+    if len(data) < 1 or data[0] != Kind.SUMS:
+        raise errors.InvalidArgumentError("an eager put must be followed by its sums")
+    body = frames.unseal(data[1:], "sums")
+    if len(body) != _SUMS_HEAD.size + 4 * len(req.keys):
+        raise errors.InvalidArgumentError(f"sums for {len(req.keys)} keys take {len(body)} bytes")
+    (request_id,) = _SUMS_HEAD.unpack_from(body)
+    if request_id != req.request_id:
+        raise errors.InvalidArgumentError(f"sums of request {request_id}, not {req.request_id}")
+    return struct.unpack_from(f"<{len(req.keys)}I", body, _SUMS_HEAD.size)
 
 
 def max_message_bytes(max_keys: int) -> int:

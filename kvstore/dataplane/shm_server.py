@@ -15,7 +15,8 @@ Per call, on the connection's own thread (calls of one connection are served in 
          (the client checks its copy against them).
     PUT  reserve; copy each reserved block from its offset into its slot and sum the slot
          (the node's copy: the client cannot change it after); commit if every sum
-         matches the checksum the call carries, else abort; reply with the statuses.
+         matches the checksum the call carries (an eager PUT's come in the SUMS message
+         behind it, summed while the node copied), else abort; reply with the statuses.
          Blocks already present or in flight are never read.
 
 The socket is local, so this plane serves only clients on the node's host (in its network
@@ -239,7 +240,7 @@ class ShmServer(DataPlaneServer):
         self, sock: socket.socket, conn: Connection, regions: Regions, data: memoryview
     ) -> bool:
         """Serves one CALL; False once the client said CLOSE."""
-        start, op = time.perf_counter(), "call"
+        start, op, sums = time.perf_counter(), "call", None
         try:
             req, offsets = shm_messages.decode_call(data)
             op = req.op.name.lower()
@@ -247,15 +248,19 @@ class ShmServer(DataPlaneServer):
                 return False
             if req.op is Op.PING:
                 return True
+            if req.eager:  # its sums follow: read them only once the blocks are copied
+                sums = _Sums(sock, req, self._max_message)
             conn.check_block_bytes(req)
             if req.op is Op.GET:
                 reply = self._get(conn, regions, req, offsets)
             else:
-                reply = self._put(conn, regions, req, offsets)
+                reply = self._put(conn, regions, req, offsets, sums)
         except errors.KVStoreError as exc:
             reply = Reply(error=exc)
             if self.metrics is not None:
                 self.metrics.rejected.labels("shm", op, type(exc).__name__).inc()
+        if sums is not None:
+            sums.drain()  # answered early: the sums are read all the same (one reply each)
         shm_messages.send(sock, frames.encode_reply(reply))
         if self.metrics is not None:
             self.metrics.observe("shm", op, time.perf_counter() - start, None)
@@ -281,7 +286,12 @@ class ShmServer(DataPlaneServer):
         return Reply(frames.flags_of(lease.found), 0, req.block_bytes, checksums=sums)
 
     def _put(
-        self, conn: Connection, regions: Regions, req: Request, offsets: tuple[int, ...]
+        self,
+        conn: Connection,
+        regions: Regions,
+        req: Request,
+        offsets: tuple[int, ...],
+        sums: _Sums | None = None,
     ) -> Reply:
         sources = [regions.span(off, req.block_bytes) for off in offsets]
         reserved = conn.store.reserve(req.namespace_id, req.keys, req.parents, conn.peer)
@@ -292,7 +302,8 @@ class ShmServer(DataPlaneServer):
             crcs = {}
             for i in todo:  # summed from the node's copy, which the client cannot touch
                 crcs[i] = copy_summed(np.frombuffer(views[i], np.uint8), sources[i])
-            conn.store.commit(rid, req.checksums or None, conn.peer, written=crcs)
+            checksums = req.checksums if sums is None else sums.read()
+            conn.store.commit(rid, checksums or None, conn.peer, written=crcs)
         except BaseException:
             with contextlib.suppress(errors.KVStoreError):
                 conn.store.abort(rid, conn.peer)
@@ -301,6 +312,27 @@ class ShmServer(DataPlaneServer):
             self.metrics.moved("shm", "put", len(todo) * req.block_bytes, 0)
         flags = tuple(STATUS_CODES.index(s) for s in reserved.statuses)
         return Reply(flags, rid, req.block_bytes)
+
+
+class _Sums:
+    """The SUMS message behind an eager PUT, read once: when the put needs them, or, if it
+    ends sooner, before its reply (the stream stays one reply per call)."""
+
+    def __init__(self, sock: socket.socket, req: Request, max_bytes: int) -> None:
+        self._sock, self._req, self._max_bytes = sock, req, max_bytes
+        self._read = False
+
+    def read(self) -> tuple[int, ...]:
+        """The sums; InvalidArgumentError if the next message is not this put's SUMS."""
+        self._read = True
+        data, fds = shm_messages.receive(self._sock, self._max_bytes)
+        shm_messages.close_all(fds)
+        return shm_messages.decode_sums(data, self._req)
+
+    def drain(self) -> None:
+        if not self._read:
+            with contextlib.suppress(errors.InvalidArgumentError):
+                self.read()
 
 
 def _slot_bytes(view: object) -> np.ndarray:
