@@ -35,6 +35,7 @@ from kvstore.dataplane.shm_client import ShmClient
 from kvstore.keys import KVLayout, Namespace, block_keys
 from kvstore.server import EmbeddedServer, ServerConfig
 from kvstore.store_config import StoreConfig
+from tests.conftest import wait_until
 
 NS = Namespace("llama-shm", KVLayout("float16", 4, 2, 64, 16))  # 32 KiB blocks
 REGION_LIMIT = 8 * NS.block_bytes
@@ -89,13 +90,14 @@ def _round_trip_works(node, seed: int) -> None:
     _quiet(node)
 
 
-def _open_fds() -> list[str]:
-    """What this process (the node's too) holds open: files by name, "socket", "pipe"."""
-    names = []
+def _holders(files: set[tuple[int, int]]) -> int:
+    """How many open fds of this process (the node's too) are one of `files` (dev, inode)."""
+    held = 0
     for fd in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(FileNotFoundError):  # the listing's own
-            names.append(os.readlink(f"/proc/self/fd/{fd}").split(":[")[0])
-    return sorted(names)
+        with contextlib.suppress(OSError):  # the listing's own fd, gone by now
+            st = os.stat(f"/proc/self/fd/{fd}")
+            held += (st.st_dev, st.st_ino) in files
+    return held
 
 
 def test_shm_moves_the_bytes_the_other_paths_read(node):
@@ -270,9 +272,8 @@ def _write_sealed() -> int:
     ids=["wrong-secret", "no-region", "pipe", "unsealed", "too-big", "write-sealed"],
 )
 def test_bad_hellos_are_refused_and_the_node_keeps_serving(node, make_fds, secret, error):
-    _round_trip_works(node, seed=10)
-    before = _open_fds()
     fds = make_fds()
+    files = {(st.st_dev, st.st_ino) for st in map(os.fstat, fds)}
     try:
         sock, reply = _hello(node, fds, secret)
     finally:
@@ -280,10 +281,14 @@ def test_bad_hellos_are_refused_and_the_node_keeps_serving(node, make_fds, secre
     assert reply is not None and type(reply.error).__name__ == error, reply
     assert sock.recv(1) == b""  # and the node hung up
     sock.close()
-    node.dataplanes["shm"].reap(now=float("inf"))  # the admissions no socket claimed
+    dataplane = node.dataplanes["shm"]
+    if secret is None:  # the secret's holder sent a bad region: its admission ends with it
+        wait_until(lambda: dataplane.num_connections == 0, 10.0, "the admission is dropped")
+    else:  # a wrong secret ends nothing: the admission it named waits for its deadline
+        assert dataplane.num_connections >= 1
+        dataplane.reap(now=float("inf"))
     _round_trip_works(node, seed=10)
-    after = _open_fds()  # the node kept none of the adversary's files, nor its socket
-    assert [f for f in after if f != "socket"] == [f for f in before if f != "socket"]
+    wait_until(lambda: _holders(files) == 0, 10.0, "the node let go of the adversary's files")
     assert node.dataplanes["shm"].num_connections == 0
 
 
@@ -460,7 +465,14 @@ def test_region_cannot_be_shrunk_under_the_node():
         region.close()
 
 
+def _idle(node) -> None:
+    """Waits (bounded) until the node's threads have ended earlier tests' connections."""
+    dataplane = node.dataplanes["shm"]
+    wait_until(lambda: dataplane.num_connections == 0, 10.0, "earlier connections end")
+
+
 def test_shm_handshakes_count_against_the_connection_limits(node):
+    _idle(node)
     admitted = [_admission(node) for _ in range(4)]
     with pytest.raises(grpc.RpcError) as err:
         _admission(node)
@@ -481,6 +493,7 @@ def test_a_client_elsewhere_falls_back_and_stops_trying_shm(node):
             raise_rpc_error(err)
         return b"\0kvstore-not-here", Admission(answer.client_id, answer.connection_secret)
 
+    _idle(node)
     selection = Selection("auto", node.address, 5.0)
     with pytest.raises(errors.UnavailableError):  # the node has no ucx plane
         selection.open(elsewhere)

@@ -2,16 +2,14 @@
 one node (`shm_server`).
 
 Caller buffers from `ShmClient.buffer` are shared with the node, which copies blocks
-straight into and out of them. Others go through the staging region: the node copies a
-get's blocks into it and the client copies them on; a put's are copied into it first. A
-get's blocks are checked against the CRC32C the node sent, where the caller will read them
-(one that fails is reported missed, never found); a put carries the CRC32C of each block
-and the node commits only if its own copy matches.
+straight into and out of them; others go through the staging region (the node copies a
+get's blocks into it and the client copies them on; a put's are copied into it first). A
+get's blocks are checked against the node's CRC32C where the caller will read them (a
+failure is a miss, never found); the node commits a put only if its copy matches the sums.
 
-The staging region grows to the largest call, up to the node's limit (stated at hello). A
-get larger than that goes in several calls; a staged put must fit (a put is all or
-nothing). Calls from any thread run in order on the client's own thread; an idle client
-pings, so the node keeps the connection.
+The staging region grows to the largest call, up to the node's limit (stated at hello); a
+get larger than that goes in several calls, a staged put must fit (it is all or nothing).
+Calls from any thread run in order on the client's own thread; an idle client pings.
 """
 
 from __future__ import annotations
@@ -118,6 +116,8 @@ class ShmClient(DataPlaneClient):
         if sock is not None:
             sock.close()
         self._worker.shutdown(wait=False, cancel_futures=True)
+        if self._region is not None:  # unmapped now, or when a call still on it ends
+            self._region.close()
 
     def _ping_forever(self) -> None:
         while not self._closed.wait(KEEPALIVE_S):

@@ -202,9 +202,15 @@ class ShmServer(DataPlaneServer):
                 if conn is None or claimed or not hmac.compare_digest(secret, conn.tags.secret):
                     raise errors.PermissionDeniedError("no data-plane connection has that secret")
                 self._bound[client_id] = sock
-            if len(fds) != 1:
-                raise errors.InvalidArgumentError(f"a hello carries one region, not {len(fds)}")
-            region = Region.admit(fds[0], self.settings.max_region_bytes)
+            try:
+                if len(fds) != 1:
+                    raise errors.InvalidArgumentError(f"a hello carries one region, not {len(fds)}")
+                region = Region.admit(fds[0], self.settings.max_region_bytes)
+            except errors.KVStoreError:  # the secret's holder is broken: its admission ends
+                self._connections.pop(client_id)
+                with self._lock:
+                    self._bound.pop(client_id, None)
+                raise
             regions.set(0, region)
         except errors.KVStoreError as exc:
             with contextlib.suppress(OSError):
