@@ -499,3 +499,17 @@ def test_a_client_elsewhere_falls_back_and_stops_trying_shm(node):
         selection.open(elsewhere)
     assert not selection.shm_reachable
     assert node.dataplanes["shm"].reap(now=float("inf")) == 1
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ({"max_shm_region_bytes": 1000}, "at least 64KiB"),
+        ({"max_shm_regions": 0}, "1 to 256"),
+        ({"max_shm_regions": 257}, "1 to 256"),
+        ({"dataplane": "rdma"}, "auto, ucx, shm or none"),
+    ],
+)
+def test_the_shm_settings_are_checked_at_start(setting, message):
+    with pytest.raises(errors.InvalidArgumentError, match=message):
+        ServerConfig(port=0, **setting)
