@@ -7,9 +7,8 @@ get's blocks into it and the client copies them on; a put's are copied into it f
 get's blocks are checked against the node's CRC32C where the caller will read them (a
 failure is a miss, never found); the node commits a put only if its copy matches the sums.
 
-The staging region grows to the largest call, up to the node's limit (stated at hello); a
-get larger than that goes in several calls, a staged put must fit (it is all or nothing).
-Calls from any thread run in order on the client's own thread; an idle client pings.
+The staging region grows to the largest call, up to the node's limit (stated at hello): a
+get larger goes in several calls, a staged put must fit. Calls run in order on one thread.
 """
 
 from __future__ import annotations
@@ -155,13 +154,15 @@ class ShmClient(DataPlaneClient):
         block_bytes: int,
     ) -> concurrent.futures.Future[ReserveResult]:
         bufs = self._checked(keys, blocks, block_bytes, writable=False)
-        if self._shared.where([bufs]) is None and len(keys) * block_bytes > self._limit:
+        where = self._shared.where([bufs])
+        if where is None and len(keys) * block_bytes > self._limit:
             raise errors.BatchTooLargeError(
                 f"a put of {len(keys) * block_bytes} bytes; the node's shared-memory region "
                 f"holds at most {self._limit} (max_shm_region_bytes)"
             )
         parents_t = tuple(parents) if parents is not None else None
-        return self._submit(self._put, namespace_id, tuple(keys), bufs, parents_t, block_bytes)
+        args = (namespace_id, tuple(keys), bufs, parents_t, block_bytes, where)
+        return self._submit(self._put, *args)
 
     def _checked(
         self, keys: Sequence[bytes], buffers: Sequence[Any], block_bytes: int, writable: bool
@@ -356,11 +357,10 @@ class ShmClient(DataPlaneClient):
         bufs: list[TransferBuffer],
         parents: tuple[bytes | None, ...] | None,
         block_bytes: int,
+        where: list[list[int]] | None,
     ) -> ReserveResult:
-        """Shared buffers: an eager put, summed here while the node copies them out, the
-        sums sent behind it. Others: staged (and summed) in the region, then the put."""
+        """Shared buffers (`where[0]`): eager, summed while the node copies; else staged."""
         req = Request(Op.PUT, next(self._ids), namespace_id, keys, block_bytes, parents)
-        where = self._shared.where([bufs])
         if where is not None:
             self._send(req._replace(checksums=(0,) * len(keys), eager=True), where[0])
             sums = [checksum(b.obj) for b in bufs]
