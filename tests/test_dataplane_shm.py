@@ -126,7 +126,7 @@ def test_shm_moves_the_bytes_the_other_paths_read(node):
     _quiet(node)
 
 
-def test_shared_buffers_move_without_a_copy_on_the_client_side(node):
+def test_shared_buffers_move_without_a_copy_on_the_client_side(node, note_bytes):
     """Blocks in `Client.buffer` memory: the node copies them straight in and out; the
     bytes are the same, a corrupted one is still refused, and buffers of both kinds mix."""
     keys, blocks = _chain(4, 5), _blocks(4, 5)
@@ -160,7 +160,7 @@ def test_auto_picks_shared_memory_on_the_nodes_host(node):
         assert isinstance(client.data_plane(), ShmClient)
 
 
-def test_calls_past_the_region_limit(node):
+def test_calls_past_the_region_limit(node, note_bytes):
     """A get of more blocks than the region holds goes in several calls; a put must fit
     (it is all or nothing) and is refused whole, with nothing stored."""
     keys, blocks = _chain(20, 2), _blocks(20, 2)
@@ -178,7 +178,16 @@ def test_calls_past_the_region_limit(node):
     _quiet(node)
 
 
-def test_corrupted_block_is_never_accepted_by_the_client(node):
+@pytest.fixture(params=["notes rarely", "a note per block"])
+def note_bytes(request, monkeypatch):
+    """How often the node says which blocks of a get landed (`shm_messages.NOTE_BYTES`):
+    as shipped (never, for these small gets) or after every block."""
+    if request.param == "a note per block":
+        monkeypatch.setattr(shm_messages, "NOTE_BYTES", NS.block_bytes)
+    return shm_messages.NOTE_BYTES
+
+
+def test_corrupted_block_is_never_accepted_by_the_client(node, note_bytes):
     keys, blocks = _chain(3, 3), _blocks(3, 3)
     with _client(node) as client:
         client.put_chain(NS.id, keys, blocks)
@@ -219,7 +228,12 @@ def _answer(sock: socket.socket) -> Reply | None:
     except ConnectionError:
         return None
     shm_messages.close_all(fds)
-    return frames.decode_reply(data, 0)
+    return _reply_of(data)
+
+
+def _reply_of(data: memoryview, num_keys: int = 0, with_checksums: bool = False) -> Reply:
+    assert data[0] == shm_messages.Kind.REPLY, f"a message of kind {data[0]}, not a reply"
+    return frames.decode_reply(data[1:], num_keys, with_checksums)
 
 
 def _sealed_region(size: int = 64 << 10, seals: int = fcntl.F_SEAL_SHRINK) -> int:
@@ -321,13 +335,40 @@ def hello(node):
     region.close()
 
 
-def _call(sock, req: Request, offsets) -> Reply | None:
+def _call(sock, req: Request, offsets, notes: list | None = None) -> Reply | None:
+    """The node's reply to one call; a GET's LANDED notes before it go to `notes`."""
     shm_messages.send(sock, shm_messages.encode_call(req, offsets))
     try:
         data, _ = shm_messages.receive(sock, 1 << 20)
+        while data[0] == shm_messages.Kind.LANDED and req.op is Op.GET:
+            if notes is not None:
+                notes.append(shm_messages.decode_landed(data))
+            data, _ = shm_messages.receive(sock, 1 << 20)
     except ConnectionError:
         return None
-    return frames.decode_reply(data, len(req.keys), req.op is Op.GET)
+    return _reply_of(data, len(req.keys), req.op is Op.GET)
+
+
+def test_a_get_says_which_blocks_landed_while_the_node_copies(node, hello, monkeypatch):
+    """After every two blocks' bytes copied, a LANDED note names the keys done since the
+    last one with their found flags; none after the last block (the reply follows)."""
+    monkeypatch.setattr(shm_messages, "NOTE_BYTES", 2 * NS.block_bytes)
+    sock, region = hello
+    keys, blocks = _chain(6, 25), _blocks(6, 25)
+    with _client(node) as client:
+        client.put_chain(NS.id, keys[:2], blocks[:2])
+        client.put_chain(NS.id, keys[:5], blocks[:5])
+        client.remove(NS.id, keys[2:3])  # and keys[5] was never put
+    notes: list = []
+    req = Request(Op.GET, 7, NS.id, tuple(keys), NS.block_bytes)
+    reply = _call(sock, req, [i * NS.block_bytes for i in range(6)], notes)
+    assert reply is not None and reply.flags == (1, 1, 0, 1, 1, 0)
+    assert notes == [(7, 0, b"\1\1"), (7, 2, b"\0\1\1")]
+    for i in (0, 1, 3, 4):
+        assert (region.array[i * NS.block_bytes :][: NS.block_bytes] == blocks[i]).all()
+    with _client(node) as client:
+        client.remove(NS.id, keys)
+    _quiet(node)
 
 
 def test_calls_outside_the_region_change_nothing(node, hello):
@@ -408,7 +449,7 @@ def test_eager_puts_take_their_sums_from_the_message_behind_them(node, hello):
         shm_messages.send(sock, shm_messages.encode_call(req, offsets))
         shm_messages.send(sock, message)
         data, _ = shm_messages.receive(sock, 1 << 20)
-        return frames.decode_reply(data, len(keys))
+        return _reply_of(data, len(keys))
 
     reply = send(eager(1), shm_messages.encode_sums(1, [sums[0], sums[1] ^ 1]))
     assert isinstance(reply.error, errors.ChecksumMismatchError)
@@ -448,7 +489,7 @@ def test_arbitrary_messages_get_typed_errors(node, hello, data):
     sock, _ = hello
     shm_messages.send(sock, data)
     reply_data, _ = shm_messages.receive(sock, 1 << 20)
-    reply = frames.decode_reply(reply_data, 0)
+    reply = _reply_of(reply_data)
     assert isinstance(reply.error, errors.KVStoreError)
     assert _call(
         sock, Request(Op.GET, 3, NS.id, tuple(_chain(1, 30)), NS.block_bytes), [0]

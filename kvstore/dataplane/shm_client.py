@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -33,9 +34,10 @@ from kvstore.dataplane.buffers import (
     TransferBuffer,
     checked_buffers,
     host_bytes,
-    write_host_bytes,
 )
 from kvstore.dataplane.frames import Op, Reply, Request
+from kvstore.dataplane.in_order import InOrder
+from kvstore.dataplane.landing import Landing, copied_out, summed
 from kvstore.dataplane.regions import Region, SharedBuffers, copy_summed, placement
 from kvstore.dataplane.ucx_server import STATUS_CODES
 from kvstore.results import ReserveResult
@@ -45,7 +47,7 @@ T = TypeVar("T")
 Handshake = Callable[[bytes], tuple[bytes, Admission]]  # b"" -> node's socket name, mine
 KEEPALIVE_S = 30.0  # well inside the node's idle timeout (`ServerSettings.idle_timeout_s`)
 FIRST_REGION_BYTES = 64 << 10  # what hello hands over; calls grow it (`_room`)
-CALL_BYTES = 16 << 20  # a get moves in calls of at most this much (or one block), two in flight
+CALL_BYTES = 16 << 20  # a staged get moves in calls of at most this (or one block), two in flight
 
 
 class ShmClient(DataPlaneClient):
@@ -62,11 +64,11 @@ class ShmClient(DataPlaneClient):
         self._region: Region | None = None  # staging, index 0; grown by `_room`
         self._shared = SharedBuffers()
         self._limit = 0
-        self._worker = concurrent.futures.ThreadPoolExecutor(1, "kvstore-shm-client")
+        self._calls = InOrder("kvstore-shm-client")
         try:
             server_address, admission = handshake(b"")
             self.client_id = admission.client_id
-            self._sock = _connect(server_address, timeout_s)
+            self._sock = shm_messages.connect(server_address, timeout_s)
             region, fd = Region.create(FIRST_REGION_BYTES)
             self._region = region
             try:
@@ -114,7 +116,7 @@ class ShmClient(DataPlaneClient):
         sock, self._sock = self._sock, None
         if sock is not None:
             sock.close()
-        self._worker.shutdown(wait=False, cancel_futures=True)
+        self._calls.shutdown()
         if self._region is not None:  # unmapped now, or when a call still on it ends
             self._region.close()
 
@@ -131,6 +133,14 @@ class ShmClient(DataPlaneClient):
     ) -> concurrent.futures.Future[tuple[bool, ...]]:
         bufs = self._checked(keys, buffers, block_bytes, writable=True)
         return self._submit(self._get, namespace_id, tuple(keys), [bufs], block_bytes, None)
+
+    def get_into(
+        self, namespace_id: bytes, keys: Sequence[bytes], buffers: Sequence[Any], block_bytes: int
+    ) -> tuple[bool, ...]:
+        """`submit_get_into`, waited for: on this thread when no call is queued."""
+        bufs = self._checked(keys, buffers, block_bytes, writable=True)
+        args = (namespace_id, tuple(keys), [bufs], block_bytes, None)
+        return self._calls.run(self._guarded, self._get, *args)
 
     def submit_get_parts(
         self,
@@ -153,6 +163,30 @@ class ShmClient(DataPlaneClient):
         parents: Sequence[bytes | None] | None,
         block_bytes: int,
     ) -> concurrent.futures.Future[ReserveResult]:
+        return self._submit(
+            self._put, *self._put_args(namespace_id, keys, blocks, parents, block_bytes)
+        )
+
+    def put(
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        blocks: Sequence[Any],
+        parents: Sequence[bytes | None] | None,
+        block_bytes: int,
+    ) -> ReserveResult:
+        """`submit_put`, waited for: on this thread when no call is queued."""
+        args = self._put_args(namespace_id, keys, blocks, parents, block_bytes)
+        return self._calls.run(self._guarded, self._put, *args)
+
+    def _put_args(
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        blocks: Sequence[Any],
+        parents: Sequence[bytes | None] | None,
+        block_bytes: int,
+    ) -> tuple[Any, ...]:
         bufs = self._checked(keys, blocks, block_bytes, writable=False)
         where = self._shared.where([bufs])
         if where is None and len(keys) * block_bytes > self._limit:
@@ -161,8 +195,7 @@ class ShmClient(DataPlaneClient):
                 f"holds at most {self._limit} (max_shm_region_bytes)"
             )
         parents_t = tuple(parents) if parents is not None else None
-        args = (namespace_id, tuple(keys), bufs, parents_t, block_bytes, where)
-        return self._submit(self._put, *args)
+        return (namespace_id, tuple(keys), bufs, parents_t, block_bytes, where)
 
     def _checked(
         self, keys: Sequence[bytes], buffers: Sequence[Any], block_bytes: int, writable: bool
@@ -173,10 +206,7 @@ class ShmClient(DataPlaneClient):
         return bufs
 
     def _submit(self, fn: Callable[..., T], *args: Any) -> concurrent.futures.Future[T]:
-        try:
-            return self._worker.submit(self._guarded, fn, *args)
-        except RuntimeError:  # shut down by a failure or close() since the check
-            raise errors.UnavailableError("data-plane connection is closed") from None
+        return self._calls.submit(self._guarded, fn, *args)
 
     def _guarded(self, fn: Callable[..., T], *args: Any) -> T:
         """Runs a call; a timeout or a broken socket closes the connection and raises a
@@ -199,17 +229,32 @@ class ShmClient(DataPlaneClient):
         assert self._sock is not None
         shm_messages.send(self._sock, shm_messages.encode_call(req, offsets))
 
-    def _reply(self, num_keys: int, with_checksums: bool = False) -> Reply:
+    def _reply(self, num_keys: int, landing: Landing | None = None, get: bool = False) -> Reply:
+        """The reply to the oldest call not answered (of `num_keys` keys); a GET's (`get`)
+        LANDED notes before it go to `landing` (none: dropped, for a call drained after an
+        error). Anything else the node sends breaks the stream (ConnectionError)."""
         assert self._sock is not None
-        data, fds = shm_messages.receive(self._sock, frames.reply_bytes(num_keys))
-        shm_messages.close_all(fds)
-        try:
-            reply = frames.decode_reply(data, num_keys, with_checksums)
-        except errors.InvalidArgumentError as exc:  # the node's stream is broken, not ours
-            raise ConnectionError(f"malformed reply: {exc}") from exc
-        if reply.error is not None:
-            raise reply.error
-        return reply
+        while True:
+            data, fds = shm_messages.receive(self._sock, frames.reply_bytes(num_keys) + 1)
+            shm_messages.close_all(fds)
+            kind = data[0] if data else None
+            if kind == shm_messages.Kind.LANDED and get:
+                try:
+                    note = shm_messages.decode_landed(data)
+                except ValueError as exc:
+                    raise ConnectionError(f"malformed note: {exc}") from exc
+                if landing is not None:
+                    landing.note(*note)
+                continue
+            if kind != shm_messages.Kind.REPLY:
+                raise ConnectionError(f"the node sent a message of kind {kind}, not a reply")
+            try:
+                reply = frames.decode_reply(data[1:], num_keys, get)
+            except errors.InvalidArgumentError as exc:  # the node's stream is broken, not ours
+                raise ConnectionError(f"malformed reply: {exc}") from exc
+            if reply.error is not None:
+                raise reply.error
+            return reply
 
     def _hand_over(self, index: int, nbytes: int) -> Region:
         """A new region of `nbytes`, handed to the node at `index`."""
@@ -244,24 +289,19 @@ class ShmClient(DataPlaneClient):
     ) -> tuple[bool, ...]:
         """`parts[s][i]`: where part s of key i lands; `on_part(s)` once every part has.
 
-        In calls of a quarter of the keys (at most CALL_BYTES each), so the node copies one
-        call's blocks while this thread checks (and copies out) the last one's.
+        Every block is checked (and copied out of staging) as soon as the node says it
+        landed (`Landing`), while the node copies the next ones. Into shared buffers in one
+        call; through staging in calls of a quarter of the keys (at most CALL_BYTES), two in
+        flight, one in each half of the region.
         """
-        per_call = max(1, min(-(-len(keys) // 4), CALL_BYTES // block_bytes))
         where = self._shared.where(parts)
-        if where is None:
-            per_call = min(per_call, max(1, self._limit // (2 * block_bytes)))
-        calls = [slice(a, a + per_call) for a in range(0, len(keys), per_call)]
-        if where is None:
-            found = self._get_staged(namespace_id, keys, parts, block_bytes, calls)
+        if where is not None:
+            offsets = [p for part in where for p in part]
+            rid = self._send_get(namespace_id, keys, len(parts), block_bytes, offsets)
+            calling = Landing(rid, len(keys), functools.partial(summed, parts))
+            found = self._finish(calling, self._reply(len(keys), calling, True))
         else:
-            for call in calls:  # all at once: they land where the caller reads them
-                offsets = [p for part in where for p in part[call]]
-                self._send_get(namespace_id, keys[call], len(parts), block_bytes, offsets)
-            found = []
-            for k, call in enumerate(calls):
-                reply = self._get_reply(keys, calls[k:])
-                found += self._check(reply, [p[call] for p in parts], None, 0, block_bytes)
+            found = self._get_staged(namespace_id, keys, parts, block_bytes)
         if on_part is not None:
             for s in range(len(parts)):
                 on_part(s)
@@ -273,39 +313,39 @@ class ShmClient(DataPlaneClient):
         keys: tuple[bytes, ...],
         parts: list[list[TransferBuffer]],
         block_bytes: int,
-        calls: list[slice],
     ) -> list[bool]:
-        """`_get` through the staging region: two calls in flight, one in each half."""
-        half, segments = (calls[0].stop - calls[0].start) * block_bytes, len(parts)
+        per_call = max(1, min(-(-len(keys) // 4), CALL_BYTES // block_bytes))
+        per_call = min(per_call, max(1, self._limit // (2 * block_bytes)))
+        calls = [slice(a, a + per_call) for a in range(0, len(keys), per_call)]
+        half, segments = per_call * block_bytes, len(parts)
         depth = 2 if len(calls) > 1 and 2 * half <= self._limit else 1
         region = self._room(depth * half)
         size = block_bytes // segments
 
-        def send(k: int) -> None:  # block i of call k whole at i * block_bytes in its half
+        def send(k: int) -> int:  # block i of call k whole at i * block_bytes in its half
             n, base = len(keys[calls[k]]), (k % depth) * half
             offsets = [base + i * block_bytes + s * size for s in range(segments) for i in range(n)]
-            self._send_get(namespace_id, keys[calls[k]], segments, block_bytes, offsets)
+            return self._send_get(namespace_id, keys[calls[k]], segments, block_bytes, offsets)
 
-        for k in range(depth):
-            send(k)
+        sent = [send(k) for k in range(depth)]
         found: list[bool] = []
         for k, call in enumerate(calls):
-            reply = self._get_reply(keys, calls[k : k + depth])
-            base = (k % depth) * half
-            found += self._check(reply, [p[call] for p in parts], region, base, block_bytes)
+            take = functools.partial(copied_out, [p[call] for p in parts], region, k % depth * half)
+            calling = Landing(sent[k], len(keys[call]), take)
+            found += self._finish(calling, self._get_reply(keys, calls[k : k + depth], calling))
             if k + depth < len(calls):
-                send(k + depth)
+                sent.append(send(k + depth))
         return found
 
-    def _get_reply(self, keys: tuple[bytes, ...], due: list[slice]) -> Reply:
+    def _get_reply(self, keys: tuple[bytes, ...], due: list[slice], landing: Landing) -> Reply:
         """The reply to the call of `due[0]`'s keys; after an error reply, the replies to
         the later calls still `due` are read and dropped first (the stream stays in step)."""
         try:
-            return self._reply(len(keys[due[0]]), True)
+            return self._reply(len(keys[due[0]]), landing, True)
         except errors.KVStoreError:
             for later in due[1:]:
                 with contextlib.suppress(errors.KVStoreError):
-                    self._reply(len(keys[later]), True)
+                    self._reply(len(keys[later]), None, True)
             raise
 
     def _send_get(
@@ -315,39 +355,18 @@ class ShmClient(DataPlaneClient):
         segments: int,
         block_bytes: int,
         offsets: list[int],
-    ) -> None:
+    ) -> int:
         req = Request(Op.GET, next(self._ids), namespace_id, keys, block_bytes, segments=segments)
         self._send(req, offsets)
+        return req.request_id
 
-    def _check(
-        self,
-        reply: Reply,
-        parts: list[list[TransferBuffer]],
-        region: Region | None,
-        base: int,
-        block_bytes: int,
-    ) -> list[bool]:
-        """Which blocks a GET reply says were found and match their CRC32C: each checked in
-        the caller's buffers, where it landed (`region` None) or once copied there from the
-        staging region (block i's part s at `base + i * block_bytes + s * size`)."""
-        segments, num_keys = len(parts), len(parts[0])
-        size = block_bytes // segments
-        hits = [i for i, f in enumerate(reply.flags) if f]
-        if any(f not in (0, 1) for f in reply.flags) or len(reply.checksums) != len(hits):
-            raise ConnectionError("data-plane get reply is malformed")
-        found = [False] * num_keys
-        for i, want in zip(hits, reply.checksums, strict=True):
-            crc = 0
-            for s in range(segments):
-                if region is None:
-                    crc = checksum(parts[s][i].obj, crc)
-                    continue
-                landed = region.array[base + i * block_bytes + s * size :][:size]
-                crc = _write(parts[s][i], landed, crc)
-            found[i] = crc == want
-            if crc != want:
-                self.checksum_failures += 1
-                log.warning("event=shm_checksum_failure client=%d", self.client_id)
+    def _finish(self, landing: Landing, reply: Reply) -> list[bool]:
+        """Which keys a GET found, with blocks matching the node's CRC32C; counts failures."""
+        found = landing.finish(reply)
+        failures = sum(map(bool, reply.flags)) - sum(found)
+        if failures:
+            self.checksum_failures += failures
+            log.warning("event=shm_checksum_failure client=%d blocks=%d", self.client_id, failures)
         return found
 
     def _put(
@@ -377,24 +396,3 @@ class ShmClient(DataPlaneClient):
         if any(f >= len(STATUS_CODES) for f in reply.flags):
             raise ConnectionError("data-plane put reply is malformed")
         return ReserveResult(reply.reservation_id, tuple(STATUS_CODES[f] for f in reply.flags))
-
-
-def _connect(name: bytes, timeout_s: float) -> socket.socket:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(timeout_s)
-    try:
-        sock.connect(name)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def _write(buf: TransferBuffer, landed: np.ndarray, crc: int) -> int:
-    """Copies `landed` into the caller's buffer; returns the CRC32C (continuing `crc`) of
-    the caller's own copy on the host, or of the region's for device memory (which the
-    host cannot read)."""
-    if buf.is_device:
-        write_host_bytes(buf, landed)
-        return checksum(landed, crc)
-    return copy_summed(np.frombuffer(buf.obj, np.uint8), landed, crc)

@@ -11,8 +11,9 @@ claims is dropped at the same deadline; a connection silent for `idle_timeout_s`
 Per call, on the connection's own thread (calls of one connection are served in order):
 
     GET  lease the blocks, copy each found one (or its parts) to the offsets the call
-         placed it at, end the lease, reply with the found flags and each block's CRC32C
-         (the client checks its copy against them).
+         placed it at, saying which have landed after every MiB or so (LANDED, so the
+         client checks them meanwhile), end the lease, reply with the found flags and each
+         block's CRC32C (the client checks its copy against them).
     PUT  reserve; copy each reserved block from its offset into its slot and sum the slot
          (the node's copy: the client cannot change it after); commit if every sum
          matches the checksum the call carries (an eager PUT's come in the SUMS message
@@ -214,12 +215,12 @@ class ShmServer(DataPlaneServer):
             regions.set(0, region)
         except errors.KVStoreError as exc:
             with contextlib.suppress(OSError):
-                shm_messages.send(sock, frames.encode_reply(Reply(error=exc)))
+                shm_messages.send(sock, shm_messages.encode_reply(Reply(error=exc)))
             raise
         finally:
             shm_messages.close_all(fds)
         conn.deadline = time.monotonic() + self.settings.idle_timeout_s
-        shm_messages.send(sock, frames.encode_reply(self._region_ack()))
+        shm_messages.send(sock, shm_messages.encode_reply(self._region_ack()))
         log.info("event=shm_connect client=%d region_bytes=%d", conn.client_id, region.size)
         return conn
 
@@ -236,11 +237,11 @@ class ShmServer(DataPlaneServer):
                 raise errors.InvalidArgumentError("a region message is two bytes and one region")
             regions.set(data[1], Region.admit(fds[0], self.settings.max_region_bytes))
         except errors.KVStoreError as exc:
-            shm_messages.send(sock, frames.encode_reply(Reply(error=exc)))
+            shm_messages.send(sock, shm_messages.encode_reply(Reply(error=exc)))
             return
         finally:
             shm_messages.close_all(fds)
-        shm_messages.send(sock, frames.encode_reply(self._region_ack()))
+        shm_messages.send(sock, shm_messages.encode_reply(self._region_ack()))
 
     def _call(
         self, sock: socket.socket, conn: Connection, regions: Regions, data: memoryview
@@ -258,7 +259,7 @@ class ShmServer(DataPlaneServer):
                 sums = _Sums(sock, req, self._max_message)
             conn.check_block_bytes(req)
             if req.op is Op.GET:
-                reply = self._get(conn, regions, req, offsets)
+                reply = self._get(sock, conn, regions, req, offsets)
             else:
                 reply = self._put(conn, regions, req, offsets, sums)
         except errors.KVStoreError as exc:
@@ -267,29 +268,40 @@ class ShmServer(DataPlaneServer):
                 self.metrics.rejected.labels("shm", op, type(exc).__name__).inc()
         if sums is not None:
             sums.drain()  # answered early: the sums are read all the same (one reply each)
-        shm_messages.send(sock, frames.encode_reply(reply))
+        shm_messages.send(sock, shm_messages.encode_reply(reply))
         if self.metrics is not None:
             self.metrics.observe("shm", op, time.perf_counter() - start, None)
         return True
 
     def _get(
-        self, conn: Connection, regions: Regions, req: Request, offsets: tuple[int, ...]
+        self,
+        sock: socket.socket,
+        conn: Connection,
+        regions: Regions,
+        req: Request,
+        offsets: tuple[int, ...],
     ) -> Reply:
         size, num_keys = req.block_bytes // req.segments, len(req.keys)
         targets = [regions.span(off, size) for off in offsets]  # all checked before a lease
         lease = conn.store.acquire(req.namespace_id, req.keys, True, conn.peer)
         try:
             hits = [i for i, v in enumerate(lease.views) if v is not None]
+            flags, said, copied = frames.flags_of(lease.found), 0, 0
             for i in hits:
                 block = _slot_bytes(lease.views[i])
                 for s in range(req.segments):
                     copy(targets[s * num_keys + i], block[s * size : (s + 1) * size])
+                copied += req.block_bytes
+                if copied >= shm_messages.NOTE_BYTES and i + 1 < num_keys:
+                    landed = shm_messages.encode_landed(req.request_id, said, flags[said : i + 1])
+                    shm_messages.send(sock, landed)
+                    said, copied = i + 1, 0
             sums = tuple(lease.checksums[i] for i in hits)
         finally:
             conn.store.release(lease.lease_id)
         if self.metrics is not None:
             self.metrics.moved("shm", "get", 0, len(hits) * req.block_bytes)
-        return Reply(frames.flags_of(lease.found), 0, req.block_bytes, checksums=sums)
+        return Reply(flags, 0, req.block_bytes, checksums=sums)
 
     def _put(
         self,
