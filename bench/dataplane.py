@@ -8,6 +8,12 @@ and Mooncake Store over TCP (the `peers` extra). Each row times `reps` batches o
 blocks; the targets are ratios within the run, per block size: kvstore on the same host
 against memcpy (the limit of one copy) and Mooncake Store (the peer) and, over TCP, against
 a raw TCP socket.
+
+Two more rows measure what those limits leave once the checks kvstore must make are made,
+with nothing else (no store, no protocol): `shm-ceiling` (`dataplane_ceilings`: a copy into
+shared memory and a CRC32C of every block, in two processes, pipelined block by block) and
+`tcp-socket-crc32c` (the raw socket, its receiver summing every block). kvstore's ratio to
+them says how much of a missed target is the hardware's and how much is kvstore's.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from bench import dataplane_ceilings as ceilings
 from bench import dataplane_peers as peers
 from bench.report import Row, print_table, progress_bar
 from bench.suites import SuiteOptions
@@ -34,8 +41,9 @@ BLOCK_BYTES = (64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
 BATCHES = (1, 64)
 OPS = ("put", "get")
 SYSTEMS = (
-    "memcpy", "crc32c", "tcp-socket", "ucxx-raw", "ucxx-raw-tcp", "kvstore-shm",
-    "kvstore-ucx", "kvstore-ucx-tcp", "kvstore-grpc", "redis", "mooncake",
+    "memcpy", "crc32c", "shm-ceiling", "tcp-socket", "tcp-socket-crc32c", "ucxx-raw",
+    "ucxx-raw-tcp", "kvstore-shm", "kvstore-ucx", "kvstore-ucx-tcp", "kvstore-grpc", "redis",
+    "mooncake",
 )  # fmt: skip
 # UCX over TCP, tuned: bigger segments and more rendezvous lanes than the defaults.
 UCX_TCP_ENV = {"UCX_TLS": "tcp", "UCX_TCP_TX_SEG_SIZE": "512k", "UCX_TCP_RX_SEG_SIZE": "512k"}
@@ -51,6 +59,14 @@ RATIOS = (
     ("ucx get/raw-ucxx", "kvstore-ucx", "get", "ucxx-raw", "get", None, 0),
     ("tcp get/tcp-socket", "kvstore-ucx-tcp", "get", "tcp-socket", "get", 0.9, 0),
     ("tcp put/tcp-socket", "kvstore-ucx-tcp", "put", "tcp-socket", "put", None, 0),
+    # The ceilings: the same transfers with the checks kvstore must make and nothing else
+    # (`dataplane_ceilings`, a raw socket that sums), and where they stand against the limits.
+    ("put/ceiling", "kvstore-shm", "put", "shm-ceiling", "put", None, 0),
+    ("get/ceiling", "kvstore-shm", "get", "shm-ceiling", "get", None, 0),
+    ("ceiling put/memcpy", "shm-ceiling", "put", "memcpy", "put", None, 0),
+    ("ceiling get/memcpy", "shm-ceiling", "get", "memcpy", "get", None, 0),
+    ("tcp get/tcp-crc32c", "kvstore-ucx-tcp", "get", "tcp-socket-crc32c", "get", None, 0),
+    ("tcp-crc32c get/tcp", "tcp-socket-crc32c", "get", "tcp-socket", "get", None, 0),
 )
 
 
@@ -116,13 +132,17 @@ def _run_crc32c(quick: bool) -> dict:
     return _times_by_cell(lambda cells, reps: _drive(peers.drive_crc32c, cells, reps), quick)
 
 
-def _run_tcp(quick: bool) -> dict:
+def _run_shm_ceiling(quick: bool) -> dict:
+    return _drive(ceilings.drive, {c: _reps(c[1], c[2], quick) for c in _cells()})
+
+
+def _run_tcp(quick: bool, summed: bool = False) -> dict:
     port_q = mp.get_context("spawn").Queue()
     server = _spawn(peers.serve_tcp, port_q)
     port = port_q.get(timeout=30)
     try:
         reps = {c: _reps(c[1], c[2], quick) for c in _cells()}
-        return _drive(_drive_cells, "tcp", port, reps)
+        return _drive(_drive_cells, "tcp-crc32c" if summed else "tcp", port, reps)
     finally:
         server.kill()
 
@@ -140,13 +160,15 @@ def _run_ucxx(quick: bool, env: dict[str, str]) -> dict:
 
 def _drive_cells(kind: str, target: Any, reps: dict) -> dict:
     """In one driver process, times every cell against one peer."""
-    return _per_cell_tcp(target, reps) if kind == "tcp" else _per_cell_ucxx(target, reps)
+    if kind.startswith("tcp"):
+        return _per_cell_tcp(target, reps, kind == "tcp-crc32c")
+    return _per_cell_ucxx(target, reps)
 
 
-def _per_cell_tcp(port: int, reps: dict) -> dict:
+def _per_cell_tcp(port: int, reps: dict, summed: bool) -> dict:
     out = {}
     for cell, n in reps.items():
-        out.update(peers.drive_tcp(port, [cell], n))
+        out.update(peers.drive_tcp(port, [cell], n, summed))
     return out
 
 
@@ -286,7 +308,9 @@ def _mooncake_cells(master: str, metadata: str, reps: dict) -> dict:
 RUNNERS: dict[str, Callable[[bool], dict]] = {
     "memcpy": _run_memcpy,
     "crc32c": _run_crc32c,
+    "shm-ceiling": _run_shm_ceiling,
     "tcp-socket": _run_tcp,
+    "tcp-socket-crc32c": lambda q: _run_tcp(q, summed=True),
     "ucxx-raw": lambda q: _run_ucxx(q, {}),
     "ucxx-raw-tcp": lambda q: _run_ucxx(q, UCX_TCP_ENV),
     "kvstore-shm": lambda q: _run_kvstore(q, "shm", {}),

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from kvstore.checksum import checksum
 from kvstore.dataplane.runtime import configure_ucx_env
 
 Cell = tuple[str, int, int]  # op, block_bytes, batch
@@ -74,7 +75,8 @@ def _recv_into(sock: socket.socket, view: memoryview) -> None:
 
 
 def serve_tcp(port_queue: Any) -> None:
-    """Raw TCP peer: 'G' sends batch blocks, 'P' receives them and acks one byte."""
+    """Raw TCP peer: 'G' sends batch blocks, 'P' receives them and acks one byte; 'p'
+    also sums each block it received (CRC32C, as a kvstore node sums what it stores)."""
     buf = memoryview(np.ones(0, np.uint8))
     with socket.create_server(("127.0.0.1", 0)) as server:
         port_queue.put(server.getsockname()[1])
@@ -101,23 +103,38 @@ def _serve_tcp_conn(conn: socket.socket, buf: memoryview) -> memoryview:
         buf = _grown(buf, batch * size)
         for i in range(batch):
             block = buf[i * size : (i + 1) * size]
-            conn.sendall(block) if op == b"G" else _recv_into(conn, block)
-        if op == b"P":
+            if op in b"Gg":
+                conn.sendall(block)
+                continue
+            _recv_into(conn, block)
+            if op == b"p":
+                checksum(block)
+        if op in b"Pp":
             conn.sendall(b"k")
 
 
-def drive_tcp(port: int, cells: list[Cell], reps: int) -> dict[Cell, list[float]]:
+def drive_tcp(
+    port: int, cells: list[Cell], reps: int, summed: bool = False
+) -> dict[Cell, list[float]]:
+    """`summed`: every block is checked as kvstore checks it (CRC32C): a get's by the
+    client as it lands, a put's by the client before it sends and by the peer on receipt."""
     sock = socket.create_connection(("127.0.0.1", port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     out = {}
     ack = bytearray(1)
     for op, size, batch in cells:
         bufs = [memoryview(np.ones(size, np.uint8)) for _ in range(batch)]
+        code = op[0].encode() if summed else op[0].upper().encode()
 
-        def one(op: str = op, size: int = size, bufs: list[memoryview] = bufs) -> None:
-            sock.sendall(_REQ.pack(op[0].upper().encode(), len(bufs), size))
+        def one(op: str = op, code: bytes = code, bufs: list[memoryview] = bufs) -> None:
+            sock.sendall(_REQ.pack(code, len(bufs), len(bufs[0])))
             for b in bufs:
-                _recv_into(sock, b) if op == "get" else sock.sendall(b)
+                if op == "get":
+                    _recv_into(sock, b)
+                if summed:
+                    checksum(b)
+                if op == "put":
+                    sock.sendall(b)
             if op == "put":
                 _recv_into(sock, memoryview(ack))
 

@@ -68,3 +68,29 @@ def test_a_missing_mooncake_piece_is_named_with_what_to_install(monkeypatch):
         "Mooncake Store needs Debian's libibverbs1 librdmacm1: "
         "apt-get install libibverbs1 librdmacm1"
     )
+
+
+def test_ratios_to_the_ceilings_say_what_the_checks_leave():
+    gbps = {
+        ("kvstore-shm", "get"): 6.0,
+        ("shm-ceiling", "get"): 8.0,
+        ("memcpy", "get"): 10.0,
+        ("kvstore-ucx-tcp", "get"): 1.5,
+        ("tcp-socket-crc32c", "get"): 1.6,
+        ("tcp-socket", "get"): 2.0,
+    }
+    row = dataplane._ratio_row(_rows(gbps, MIB), MIB)
+    assert row["get/ceiling"] == pytest.approx(0.75)
+    assert row["ceiling get/memcpy"] == pytest.approx(0.8)
+    assert row["tcp get/tcp-crc32c"] == pytest.approx(1.5 / 1.6)
+    assert row["tcp-crc32c get/tcp"] == pytest.approx(0.8)
+    assert row["missed"] == "get/memcpy<0.8 tcp get/tcp-socket<0.9"  # the targets stand
+
+
+def test_the_shm_ceiling_times_every_cell_in_two_processes():
+    from bench import dataplane_ceilings
+
+    cells = {("get", 64 << 10, 4): 2, ("put", 64 << 10, 4): 3, ("get", 256 << 10, 2): 2}
+    times = dataplane_ceilings.drive(cells)
+    assert {c: len(t) for c, t in times.items()} == cells
+    assert all(t > 0 for ts in times.values() for t in ts)

@@ -1,0 +1,114 @@
+"""The `shm-ceiling` row of the `dataplane` suite: the least work a checked same-host
+transfer does, with no store, no protocol and no Python per call, in two processes.
+
+What every shm get and put must do, and nothing else:
+
+- get: the node copies each block from its own memory into a region the client shares
+  (a memfd, as `ShmClient.buffer` makes), and says so, one byte per block on a socket
+  pair; the client sums each block where it landed (CRC32C, the check every get makes).
+- put: the client says go, then sums its blocks and sends the sums (an eager put); the
+  node copies each block from the region into its own memory, summing its copy piece by
+  piece (`copy_summed`), then reads the sums and says done.
+
+Both sides run at once on their own cores, block by block: this is as close as two
+processes can pipeline a copy and a check. On a host with two cores the two passes share
+them (and memory bandwidth), so a kvstore shm transfer cannot beat this row; the suite
+prints kvstore's ratio to it beside the ratio to memcpy.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+import struct
+from typing import Any
+
+import numpy as np
+
+from bench.dataplane_peers import Cell, _timed
+from kvstore.checksum import checksum
+from kvstore.dataplane.regions import Region, copy, copy_summed
+
+_CELL = struct.Struct("<cQQ")  # op, batch, block_bytes; one per cell, then b"g" per batch
+
+
+def _receive(sock: socket.socket, nbytes: int) -> bytes:
+    data = b""
+    while len(data) < nbytes:
+        chunk = sock.recv(nbytes - len(data))
+        if not chunk:
+            raise ConnectionError("peer closed")
+        data += chunk
+    return data
+
+
+def serve_node(sock: socket.socket) -> None:
+    """The node's side: takes the region's fd, then serves the cells the driver names."""
+    _, fds, _, _ = socket.recv_fds(sock, 1, 1)
+    size = os.fstat(fds[0]).st_size
+    region = Region(fds[0], size)
+    os.close(fds[0])
+    slots = np.ones(0, np.uint8)
+    while True:
+        try:
+            op, batch, block = _CELL.unpack(_receive(sock, _CELL.size))
+        except ConnectionError:
+            return
+        if len(slots) < batch * block:  # the store's memory, touched once
+            slots = np.ones(batch * block, np.uint8)
+        sock.sendall(b"k")
+        while _receive(sock, 1) == b"g":
+            for i in range(batch):
+                mine, theirs = slots[i * block : (i + 1) * block], region.array[i * block :]
+                if op == b"G":
+                    copy(theirs[:block], mine)
+                    sock.sendall(b"b")
+                else:
+                    copy_summed(mine, theirs[:block])
+            if op == b"P":
+                _receive(sock, 4 * batch)  # the client's sums
+                sock.sendall(b"d")
+
+
+def drive(reps: dict[Cell, int]) -> dict[Cell, list[float]]:
+    """Times `reps[cell]` batches of every cell against one node process; the region holds
+    the largest batch."""
+    largest = max(size * batch for _, size, batch in reps)
+    region, fd = Region.create(largest)
+    region.array[:] = 1
+    mine, theirs = socket.socketpair()
+    node: Any = mp.get_context("spawn").Process(target=serve_node, args=(theirs,), daemon=True)
+    node.start()
+    theirs.close()
+    try:
+        socket.send_fds(mine, [b"r"], [fd])
+        return {cell: _drive_cell(mine, region, cell, n) for cell, n in reps.items()}
+    finally:
+        os.close(fd)
+        mine.close()
+        node.join(timeout=10)
+        node.kill()
+
+
+def _drive_cell(sock: socket.socket, region: Region, cell: Cell, reps: int) -> list[float]:
+    op, block, batch = cell
+    sock.sendall(_CELL.pack(op[0].upper().encode(), batch, block))
+    _receive(sock, 1)
+    blocks = [region.array[i * block : (i + 1) * block] for i in range(batch)]
+
+    def get() -> None:
+        sock.sendall(b"g")
+        for b in blocks:
+            _receive(sock, 1)
+            checksum(b)
+
+    def put() -> None:
+        sock.sendall(b"g")
+        sums = [checksum(b) for b in blocks]
+        sock.sendall(struct.pack(f"<{batch}I", *sums))
+        _receive(sock, 1)
+
+    times = _timed(get if op == "get" else put, reps)
+    sock.sendall(b"s")  # the node waits for the next cell
+    return times
