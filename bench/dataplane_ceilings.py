@@ -18,8 +18,8 @@ prints kvstore's ratio to it beside the ratio to memcpy.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
+import secrets
 import socket
 import struct
 from typing import Any
@@ -43,8 +43,20 @@ def _receive(sock: socket.socket, nbytes: int) -> bytes:
     return data
 
 
-def serve_node(sock: socket.socket) -> None:
-    """The node's side: takes the region's fd, then serves the cells the driver names."""
+def serve_node(name_queue: Any) -> None:
+    """The node's side: on an abstract Unix socket (its name put in `name_queue`), takes
+    the driver's region, then serves the cells the driver names."""
+    name = b"\0kvstore-ceiling-" + secrets.token_hex(8).encode()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(name)
+        listener.listen(1)
+        name_queue.put(name)
+        sock, _ = listener.accept()
+    with sock:
+        _serve(sock)
+
+
+def _serve(sock: socket.socket) -> None:
     _, fds, _, _ = socket.recv_fds(sock, 1, 1)
     size = os.fstat(fds[0]).st_size
     region = Region(fds[0], size)
@@ -71,24 +83,19 @@ def serve_node(sock: socket.socket) -> None:
                 sock.sendall(b"d")
 
 
-def drive(reps: dict[Cell, int]) -> dict[Cell, list[float]]:
-    """Times `reps[cell]` batches of every cell against one node process; the region holds
-    the largest batch."""
+def drive(name: bytes, reps: dict[Cell, int]) -> dict[Cell, list[float]]:
+    """Times `reps[cell]` batches of every cell against the node serving at `name`; the
+    region holds the largest batch."""
     largest = max(size * batch for _, size, batch in reps)
     region, fd = Region.create(largest)
     region.array[:] = 1
-    mine, theirs = socket.socketpair()
-    node: Any = mp.get_context("spawn").Process(target=serve_node, args=(theirs,), daemon=True)
-    node.start()
-    theirs.close()
     try:
-        socket.send_fds(mine, [b"r"], [fd])
-        return {cell: _drive_cell(mine, region, cell, n) for cell, n in reps.items()}
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(name)
+            socket.send_fds(sock, [b"r"], [fd])
+            return {cell: _drive_cell(sock, region, cell, n) for cell, n in reps.items()}
     finally:
         os.close(fd)
-        mine.close()
-        node.join(timeout=10)
-        node.kill()
 
 
 def _drive_cell(sock: socket.socket, region: Region, cell: Cell, reps: int) -> list[float]:

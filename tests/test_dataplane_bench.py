@@ -88,9 +88,16 @@ def test_ratios_to_the_ceilings_say_what_the_checks_leave():
 
 
 def test_the_shm_ceiling_times_every_cell_in_two_processes():
-    from bench import dataplane_ceilings
-
     cells = {("get", 64 << 10, 4): 2, ("put", 64 << 10, 4): 3, ("get", 256 << 10, 2): 2}
-    times = dataplane_ceilings.drive(cells)
+    times = dataplane._drive(dataplane.ceilings.drive, _ceiling_node(), cells)
     assert {c: len(t) for c, t in times.items()} == cells
     assert all(t > 0 for ts in times.values() for t in ts)
+
+
+def _ceiling_node() -> bytes:
+    """A node of the ceiling, spawned as the suite spawns it (it ends with its driver)."""
+    import multiprocessing as mp
+
+    name_q = mp.get_context("spawn").Queue()
+    dataplane._spawn(dataplane.ceilings.serve_node, name_q)
+    return name_q.get(timeout=30)
