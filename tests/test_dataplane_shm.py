@@ -187,6 +187,31 @@ def note_bytes(request, monkeypatch):
     return shm_messages.NOTE_BYTES
 
 
+def _shared_files() -> set[str]:
+    """The address ranges of this process's data-plane regions (shared files) now."""
+    with open("/proc/self/maps") as maps:
+        return {line.split()[0] for line in maps if "memfd:kvstore-dataplane" in line}
+
+
+@pytest.mark.parametrize("warmed", [False, True])
+def test_warm_up_pays_a_first_large_calls_region_before_it(node, warmed):
+    """A first get larger than the staging region hands the node a grown region (a new
+    file) on the call's path; after `warm_up`, the same get makes none."""
+    keys, blocks = _chain(20, 9), _blocks(20, 9)
+    with _client(node, "grpc") as grpc_client:
+        grpc_client.put_chain(NS.id, keys, blocks)
+    with _client(node) as client:
+        dataplane = client.data_plane()  # connected: its first region handed over
+        if warmed:
+            dataplane.warm_up()
+        before = _shared_files()
+        out = [np.zeros(NS.block_bytes, np.uint8) for _ in keys]
+        assert client.get_into(NS.id, keys, out) == (True,) * 20
+        assert (_shared_files() == before) is warmed
+        client.remove(NS.id, keys)
+    _quiet(node)
+
+
 def test_corrupted_block_is_never_accepted_by_the_client(node, note_bytes):
     keys, blocks = _chain(3, 3), _blocks(3, 3)
     with _client(node) as client:

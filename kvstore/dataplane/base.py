@@ -149,3 +149,8 @@ class DataPlaneClient(ABC):
     @abstractmethod
     def close(self) -> None:
         """Tells the server goodbye and frees the connection; idempotent."""
+
+    def warm_up(self) -> None:
+        """Pays now what a connection's first large calls would (nothing by default); a
+        caller about to serve requests calls it once."""
+        return None

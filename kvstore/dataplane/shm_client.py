@@ -18,6 +18,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import mmap
 import os
 import socket
 import threading
@@ -30,11 +31,7 @@ from kvstore import errors
 from kvstore.checksum import checksum
 from kvstore.dataplane import frames, shm_messages
 from kvstore.dataplane.base import Admission, DataPlaneClient
-from kvstore.dataplane.buffers import (
-    TransferBuffer,
-    checked_buffers,
-    host_bytes,
-)
+from kvstore.dataplane.buffers import TransferBuffer, checked_buffers, host_bytes
 from kvstore.dataplane.frames import Op, Reply, Request
 from kvstore.dataplane.in_order import InOrder
 from kvstore.dataplane.landing import Landing, copied_out, summed
@@ -69,14 +66,10 @@ class ShmClient(DataPlaneClient):
             server_address, admission = handshake(b"")
             self.client_id = admission.client_id
             self._sock = shm_messages.connect(server_address, timeout_s)
-            region, fd = Region.create(FIRST_REGION_BYTES)
-            self._region = region
+            self._region, fd = Region.create(FIRST_REGION_BYTES)
+            hello = shm_messages.encode_hello(admission.client_id, admission.secret)
             try:
-                shm_messages.send(
-                    self._sock,
-                    shm_messages.encode_hello(admission.client_id, admission.secret),
-                    [fd],
-                )
+                shm_messages.send(self._sock, hello, [fd])
             finally:
                 os.close(fd)
             self._limit = self._reply(0).block_bytes
@@ -110,6 +103,14 @@ class ShmClient(DataPlaneClient):
             region = self._hand_over(self._shared.next_index, nbytes)
             self._shared.add(region)
         return region.array
+
+    def warm_up(self) -> None:
+        """Grows the staging region to what the largest staged calls use, and touches every
+        page of it: a first large call would pay both (a new file, its page faults)."""
+        with self._lock:
+            if self._sock is None:
+                raise errors.UnavailableError("data-plane connection is closed")
+            self._room(min(2 * CALL_BYTES, self._limit)).array[:: mmap.PAGESIZE] = 0
 
     def _abort(self) -> None:
         self._closed.set()

@@ -1,13 +1,15 @@
 """Worker-side loads of the vLLM connector: store blocks into vLLM's paged KV cache.
 
-Every fixed cost is paid once, at start-up (`warm_up`): the data-plane connection, a
-staging pool of `num_buffers` host blocks allocated and touched once (no page faults on a
-request's critical path), the numpy views the transport takes, and one transfer into every
-staging block (the first receive into a buffer costs more than later ones: measured 2-3x on
-a 2-core host, the transport's own set-up for that memory) of a block of the process's own
-under a random key, removed after. A load runs
-in chunks of half the pool, pipelined: while chunk k is copied into the paged layers, chunk
-k+1 is already landing in the other half.
+Every fixed cost is paid once, at start-up (`warm_up`): the data-plane connection and its
+own first-call costs (`DataPlaneClient.warm_up`: over shared memory, its staging region
+grown to size and touched), a staging pool of `num_buffers` host blocks allocated and
+touched once (no page faults on a request's critical path; on the host, in memory shared
+with a node on the same host, so gets land in it with no copy on this side), the numpy
+views the transport takes, and one transfer into every staging block (the first receive
+into a buffer costs more than later ones: measured 2-3x on a 2-core host, the transport's
+own set-up for that memory) of a block of the process's own under a random key, removed
+after. A load runs in chunks of half the pool, pipelined: while chunk k is copied into the
+paged layers, chunk k+1 is already landing in the other half.
 
     pool:  [ half 0 | half 1 ]      chunk k lands in half k % 2
     time:  get 0 | get 1        | get 2 ...
@@ -97,6 +99,11 @@ class BlockLoader:
         clock = PhaseClock()
         dataplane = self._client.data_plane()  # None on the gRPC path: nothing to connect
         clock.lap("connect")
+        if dataplane is not None:
+            dataplane.warm_up()
+        if not self._is_cuda:  # with a node on this host, gets land in the pool uncopied
+            self._pool = _host_pool(self._client, self._pool)
+            self._buffers = PagedBlocks.as_buffers(self._pool)
         self._pool.view(torch.uint8).fill_(0)  # first touch, here rather than mid-load
         clock.lap("stage")
         if dataplane is not None and namespace_id is not None:
@@ -195,6 +202,12 @@ def _get(
         return done
     except Exception as exc:  # reported through the future, as the data plane's own are
         return failed(exc)
+
+
+def _host_pool(client: Client, pool: torch.Tensor) -> torch.Tensor:
+    """A pool like `pool` in `client.buffer` memory: shared with a node on this host."""
+    memory = torch.from_numpy(client.buffer(pool.numel() * pool.element_size()))
+    return memory.view(pool.dtype).reshape(pool.shape)
 
 
 def _drain(pending: deque[_Chunk]) -> None:
