@@ -579,3 +579,24 @@ def test_a_client_elsewhere_falls_back_and_stops_trying_shm(node):
 def test_the_shm_settings_are_checked_at_start(setting, message):
     with pytest.raises(errors.InvalidArgumentError, match=message):
         ServerConfig(port=0, **setting)
+
+
+def test_a_note_the_socket_cannot_take_now_is_not_sent_at_all():
+    """The node never waits under a lease for a client that does not read: `try_send`
+    sends a whole message or nothing, so the stream stays whole either way."""
+    node_end, client_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    node_end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    note = shm_messages.encode_landed(1, 0, b"\1" * 100)
+    sent = 0
+    while shm_messages.try_send(node_end, note):
+        sent += 1
+        assert sent < 100_000, "the socket never filled"
+    node_end.close()
+    received = 0
+    with contextlib.suppress(ConnectionError):
+        while True:
+            data, _ = shm_messages.receive(client_end, 1 << 10)
+            assert shm_messages.decode_landed(data) == (1, 0, b"\1" * 100)
+            received += 1
+    assert received == sent > 0
+    client_end.close()

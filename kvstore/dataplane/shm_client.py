@@ -8,7 +8,8 @@ get's blocks are checked against the node's CRC32C where the caller will read th
 failure is a miss, never found); the node commits a put only if its copy matches the sums.
 
 The staging region grows to the largest call, up to the node's limit (stated at hello): a
-get larger goes in several calls, a staged put must fit. Calls run in order on one thread.
+get larger goes in several calls, a staged put must fit. Calls run one at a time, in the
+order they are made (`InOrder`).
 """
 
 from __future__ import annotations
@@ -107,10 +108,10 @@ class ShmClient(DataPlaneClient):
     def warm_up(self) -> None:
         """Grows the staging region to what the largest staged calls use, and touches every
         page of it: a first large call would pay both (a new file, its page faults)."""
-        with self._lock:
-            if self._sock is None:
-                raise errors.UnavailableError("data-plane connection is closed")
-            self._room(min(2 * CALL_BYTES, self._limit)).array[:: mmap.PAGESIZE] = 0
+        self._calls.run(self._guarded, self._warm_staging)
+
+    def _warm_staging(self) -> None:
+        self._room(min(2 * CALL_BYTES, self._limit)).array[:: mmap.PAGESIZE] = 0
 
     def _abort(self) -> None:
         self._closed.set()

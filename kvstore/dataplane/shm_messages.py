@@ -19,7 +19,9 @@ The node answers HELLO and REGION (a reply whose `block_bytes` is its region lim
 error) and every CALL but PING and CLOSE, in order. While it copies a GET's blocks, it says
 which have landed (LANDED: keys from the first named on are done, a found flag each, 0 or
 1), after every `NOTE_BYTES` or more it copied, so the client checks them while later ones
-are still being copied; the REPLY follows the last block. HELLO's region is index 0 (the client's
+are still being copied; the REPLY follows the last block. Notes are advice: a node whose
+socket would make it wait (a client not reading) sends no more for that call, and the
+client takes at the reply what no note named. HELLO's region is index 0 (the client's
 staging); REGION puts one at its index, replacing any there. A placement frame holds where
 every block a call moves is (u64 each, `regions.placement`: region index and offset): for
 a PUT, block i; for a GET, where part s of block i goes, at `s * num_keys + i` (one part:
@@ -169,6 +171,20 @@ def send(sock: socket.socket, data: bytes, fds: Sequence[int] = ()) -> None:
         message = message[sent:]
     if message:
         sock.sendall(message)
+
+
+def try_send(sock: socket.socket, data: bytes) -> bool:
+    """Sends one message if the socket takes it now; False, with nothing sent, if it would
+    wait. A message the socket takes in part is finished as `send` would (rare: the
+    socket's buffer ran out in the middle)."""
+    message = _LEN.pack(len(data)) + data
+    try:
+        sent = sock.send(message, socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return False
+    if sent < len(message):
+        sock.sendall(message[sent:])
+    return True
 
 
 def receive(sock: socket.socket, max_bytes: int) -> tuple[memoryview, list[int]]:

@@ -286,15 +286,16 @@ class ShmServer(DataPlaneServer):
         lease = conn.store.acquire(req.namespace_id, req.keys, True, conn.peer)
         try:
             hits = [i for i, v in enumerate(lease.views) if v is not None]
-            flags, said, copied = frames.flags_of(lease.found), 0, 0
+            flags, said, copied, noting = frames.flags_of(lease.found), 0, 0, True
             for i in hits:
                 block = _slot_bytes(lease.views[i])
                 for s in range(req.segments):
                     copy(targets[s * num_keys + i], block[s * size : (s + 1) * size])
                 copied += req.block_bytes
-                if copied >= shm_messages.NOTE_BYTES and i + 1 < num_keys:
+                if noting and copied >= shm_messages.NOTE_BYTES and i + 1 < num_keys:
+                    # Never waits under the lease for a client that does not read.
                     landed = shm_messages.encode_landed(req.request_id, said, flags[said : i + 1])
-                    shm_messages.send(sock, landed)
+                    noting = shm_messages.try_send(sock, landed)
                     said, copied = i + 1, 0
             sums = tuple(lease.checksums[i] for i in hits)
         finally:
