@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.dataplane_peers import Cell, _timed
+from bench.dataplane_peers import Cell, _recv_into, _timed
 from kvstore.checksum import checksum
 from kvstore.dataplane.regions import Region, copy, copy_summed
 
@@ -35,13 +35,9 @@ _CELL = struct.Struct("<cQQ")  # op, batch, block_bytes; one per cell, then b"g"
 
 
 def _receive(sock: socket.socket, nbytes: int) -> bytes:
-    data = b""
-    while len(data) < nbytes:
-        chunk = sock.recv(nbytes - len(data))
-        if not chunk:
-            raise ConnectionError("peer closed")
-        data += chunk
-    return data
+    data = bytearray(nbytes)
+    _recv_into(sock, memoryview(data))
+    return bytes(data)
 
 
 def serve_node(name_queue: Any) -> None:
