@@ -20,6 +20,7 @@ call: a put's checksum is taken over the node's copy, a get's over the client's.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import ctypes
 import fcntl
@@ -153,22 +154,38 @@ class Regions:
 
 
 class SharedBuffers:
-    """A client's caller buffers in shared memory: regions 1, 2, ... of its connection."""
+    """Where a client's memory shared with the node lies: regions 1, 2, ... of its
+    connection, each mapped here in one piece (`ShmClient.buffer`) or in windows over
+    memory the process already had (`ShmClient.share`, `in_place`)."""
 
     def __init__(self) -> None:
-        self._regions: list[tuple[int, Region]] = []  # (start address, region)
-
-    @property
-    def next_index(self) -> int:
-        return len(self._regions) + 1
+        self.next_index = 1  # the index the next region handed over takes
+        self._regions: list[Region] = []  # kept mapped as long as the connection
+        self._starts: list[int] = []  # windows by address: starts, and (end, placement)
+        self._windows: list[tuple[int, int]] = []
 
     def add(self, region: Region) -> None:
-        self._regions.append((address_of(region.array), region))
+        """`region`, mapped here whole, is the next index's."""
+        self._regions.append(region)
+        self.add_windows([(address_of(region.array), region.size, 0)])
+
+    def add_windows(self, windows: Sequence[tuple[int, int, int]]) -> None:
+        """The next index's file is mapped here in `windows` (address, nbytes, offset)."""
+        for address, nbytes, offset in windows:
+            at = bisect.bisect(self._starts, address)
+            self._starts.insert(at, address)
+            self._windows.insert(at, (address + nbytes, placement(self.next_index, offset)))
+        self.next_index += 1
+
+    def overlaps(self, address: int, nbytes: int) -> bool:
+        """Whether any of [address, address + nbytes) is shared already."""
+        at = bisect.bisect(self._starts, address + nbytes - 1) - 1
+        return at >= 0 and self._windows[at][0] > address
 
     def where(self, parts: Sequence[Sequence[TransferBuffer]]) -> list[list[int]] | None:
         """The placement of every buffer (`parts[s][i]` -> `[s][i]`), or None unless they
         all lie in shared memory."""
-        if not self._regions:
+        if not self._starts:
             return None
         out = []
         for part in parts:
@@ -182,10 +199,11 @@ class SharedBuffers:
         if buf.is_device:
             return None
         start = address_of(buf.obj)
-        for index, (base, region) in enumerate(self._regions, 1):
-            if base <= start and start + buf.nbytes <= base + region.size:
-                return placement(index, start - base)
-        return None
+        at = bisect.bisect(self._starts, start) - 1
+        if at < 0:
+            return None
+        end, where = self._windows[at]
+        return where + start - self._starts[at] if start + buf.nbytes <= end else None
 
 
 def address_of(buf: Any) -> int:

@@ -30,7 +30,7 @@ import numpy as np
 
 from kvstore import errors
 from kvstore.checksum import checksum
-from kvstore.dataplane import frames, shm_messages
+from kvstore.dataplane import frames, in_place, shm_messages
 from kvstore.dataplane.base import Admission, DataPlaneClient
 from kvstore.dataplane.buffers import TransferBuffer, checked_buffers, host_bytes
 from kvstore.dataplane.frames import Op, Reply, Request
@@ -98,12 +98,25 @@ class ShmClient(DataPlaneClient):
         """`nbytes` of memory shared with the node: blocks a get places there are copied
         straight in by the node, and a put's are copied straight out, with no copy on this
         side. Raises InvalidArgumentError past the node's region limits."""
-        with self._lock:
-            if self._sock is None:
-                raise errors.UnavailableError("data-plane connection is closed")
-            region = self._hand_over(self._shared.next_index, nbytes)
-            self._shared.add(region)
+        return self._calls.run(self._guarded, self._add_buffer, nbytes)
+
+    def _add_buffer(self, nbytes: int) -> np.ndarray:
+        region = self._hand_over(self._shared.next_index, nbytes)
+        self._shared.add(region)
         return region.array
+
+    def share(self, arrays: Sequence[np.ndarray]) -> int:
+        """Shares host memory this process already has with the node, in place (`in_place`:
+        nothing may write `arrays` meanwhile), so blocks there move as `buffer`'s do; returns
+        the bytes shared. Raises InvalidArgumentError past the node's region limits."""
+        return self._calls.run(self._guarded, self._share, arrays)
+
+    def _share(self, arrays: Sequence[np.ndarray]) -> int:
+        return in_place.share(arrays, self._limit, self._add_file, self._shared.overlaps)
+
+    def _add_file(self, fd: int, windows: Sequence[in_place.Window]) -> None:
+        self._send_region(self._shared.next_index, fd)
+        self._shared.add_windows(windows)
 
     def warm_up(self) -> None:
         """Grows the staging region to what the largest staged calls use, and touches every
@@ -165,9 +178,8 @@ class ShmClient(DataPlaneClient):
         parents: Sequence[bytes | None] | None,
         block_bytes: int,
     ) -> concurrent.futures.Future[ReserveResult]:
-        return self._submit(
-            self._put, *self._put_args(namespace_id, keys, blocks, parents, block_bytes)
-        )
+        args = self._put_args(namespace_id, keys, blocks, parents, block_bytes)
+        return self._submit(self._put, *args)
 
     def put(
         self,
@@ -236,41 +248,28 @@ class ShmClient(DataPlaneClient):
         LANDED notes before it go to `landing` (none: dropped, for a call drained after an
         error). Anything else the node sends breaks the stream (ConnectionError)."""
         assert self._sock is not None
-        while True:
-            data, fds = shm_messages.receive(self._sock, frames.reply_bytes(num_keys) + 1)
-            shm_messages.close_all(fds)
-            kind = data[0] if data else None
-            if kind == shm_messages.Kind.LANDED and get:
-                try:
-                    note = shm_messages.decode_landed(data)
-                except ValueError as exc:
-                    raise ConnectionError(f"malformed note: {exc}") from exc
-                if landing is not None:
-                    landing.note(*note)
-                continue
-            if kind != shm_messages.Kind.REPLY:
-                raise ConnectionError(f"the node sent a message of kind {kind}, not a reply")
-            try:
-                reply = frames.decode_reply(data[1:], num_keys, get)
-            except errors.InvalidArgumentError as exc:  # the node's stream is broken, not ours
-                raise ConnectionError(f"malformed reply: {exc}") from exc
-            if reply.error is not None:
-                raise reply.error
-            return reply
+        noted = landing.note if landing is not None else None
+        reply = shm_messages.receive_reply(self._sock, num_keys, get, noted)
+        if reply.error is not None:
+            raise reply.error
+        return reply
 
     def _hand_over(self, index: int, nbytes: int) -> Region:
         """A new region of `nbytes`, handed to the node at `index`."""
-        assert self._sock is not None
         region, fd = Region.create(nbytes)
         try:
-            shm_messages.send(self._sock, bytes([shm_messages.Kind.REGION, index]), [fd])
-            self._reply(0)
+            self._send_region(index, fd)
         except BaseException:
             region.close()
             raise
         finally:
             os.close(fd)
         return region
+
+    def _send_region(self, index: int, fd: int) -> None:
+        assert self._sock is not None
+        shm_messages.send(self._sock, bytes([shm_messages.Kind.REGION, index]), [fd])
+        self._reply(0)
 
     def _room(self, nbytes: int) -> Region:
         """The staging region, grown (and handed to the node) to hold `nbytes`."""

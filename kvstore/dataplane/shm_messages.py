@@ -39,7 +39,7 @@ import enum
 import os
 import socket
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from kvstore import errors
 from kvstore.dataplane import frames
@@ -143,6 +143,35 @@ def decode_landed(data: memoryview) -> tuple[int, int, bytes]:
     if flags.strip(b"\0\1"):
         raise ValueError("a landed note's flags are 0 or 1")
     return request_id, first, flags
+
+
+def receive_reply(
+    sock: socket.socket,
+    num_keys: int,
+    get: bool,
+    on_note: Callable[[int, int, bytes], None] | None,
+) -> frames.Reply:
+    """The next REPLY (to a call of `num_keys` keys, a GET's if `get`); a GET's LANDED
+    notes before it go to `on_note` (none: dropped). Anything else the node sends breaks
+    the stream (ConnectionError), as a malformed reply or note does."""
+    while True:
+        data, fds = receive(sock, frames.reply_bytes(num_keys) + 1)
+        close_all(fds)
+        kind = data[0] if data else None
+        if kind == Kind.LANDED and get:
+            try:
+                note = decode_landed(data)
+            except ValueError as exc:
+                raise ConnectionError(f"malformed note: {exc}") from exc
+            if on_note is not None:
+                on_note(*note)
+            continue
+        if kind != Kind.REPLY:
+            raise ConnectionError(f"the node sent a message of kind {kind}, not a reply")
+        try:
+            return frames.decode_reply(data[1:], num_keys, get)
+        except errors.InvalidArgumentError as exc:  # the node's stream is broken, not ours
+            raise ConnectionError(f"malformed reply: {exc}") from exc
 
 
 def max_message_bytes(max_keys: int) -> int:
