@@ -82,7 +82,9 @@ def test_fresh_process_loads_prefix_another_stored_and_recomputes_corrupt_blocks
     assert second.cached_tokens == [LOADABLE, 0]  # another tenant's salt never hits
     assert second.outputs == [reference, reference]
     assert "event=load_incomplete" not in second.log
-    assert re.search(r"event=load_warm_up connect_ms=\S+ stage_ms=\S+ .* bytes=131072 ", second.log)
+    warm_up = r"event=load_warm_up connect_ms=\S+ share_ms=\S+ stage_ms=\S+ .* bytes=(\d+) "
+    found = re.search(warm_up, second.log)
+    assert found and int(found.group(1)) > 131072  # the pool, and vLLM's pages shared
     load = r"event=load_phases req=s0t0\S* mode=by_layer connect_ms=.* transfer_ms=.* blocks=10 "
     assert re.search(load, second.log)
     assert "scatter_ms" not in second.log  # no staging: straight into the pages
@@ -93,7 +95,8 @@ def test_fresh_process_loads_prefix_another_stored_and_recomputes_corrupt_blocks
     store = store_factory(*flags)
     # Four staging blocks: the blocks land in chunks of 2, pipelined with the copies.
     spec = _kvstore(model, store.address, {"turns": [PROMPT]})
-    spec["connector_extra"] = {"kvstore.load_by_layer": False, "kvstore.load_buffers": 4}
+    extra = {"kvstore.load_by_layer": False, "kvstore.share_pages": False}
+    spec["connector_extra"] = extra | {"kvstore.load_buffers": 4}
     third = run_vllm(tmp_path, "third", **spec)
     assert third.outputs == [reference]
     assert "event=load_incomplete" in third.log

@@ -60,7 +60,7 @@ def test_a_load_in_chunks_fills_every_vllm_block_it_names(store, transport, num_
         client.register_namespace(WARM_UP)
         _publish(client, src, blocks, src_pages)
         num_blocks = client.stats().num_blocks
-        loader = BlockLoader(client, dst, num_buffers)
+        loader = BlockLoader(client, dst, num_buffers, share_pages=False)  # through the pool
         warm = loader.warm_up(WARM_UP.id)
         phases = {"connect", "stage"} | ({"transfer"} if transport != "grpc" else set())
         assert set(warm.seconds) == phases
@@ -111,6 +111,46 @@ def test_a_store_gone_mid_session_is_an_error_with_nothing_loaded(store_factory)
     assert result.num_loaded == 0
     assert result.error is not None
     assert not any(t.any() for t in dst_tensors)
+
+
+# -- vLLM's pages shared with the node --------------------------------------------------------
+
+BIG = Namespace("vllm/cpu/shared-pages", KVLayout("float32", LAYERS, 2, 64, 16))  # 16 KiB a layer
+BIG_SHAPE = (NUM_PAGES, 2, 16, 2 * 64)
+
+
+@pytest.mark.parametrize("by_layer", [False, True])
+def test_pages_shared_with_a_node_on_this_host_take_loads_straight(store, by_layer):
+    """Over shared memory the warm-up moves vLLM's pages onto files the node maps and
+    receives a block into each (they are all free then), so a load lands straight in the
+    pages: no staging pool, no scatter."""
+    gen = torch.Generator().manual_seed(4)
+    src_tensors = [torch.randn(BIG_SHAPE, generator=gen) for _ in range(LAYERS)]
+    dst_tensors = [torch.randn(BIG_SHAPE, generator=gen) for _ in range(LAYERS)]
+    src, dst = PagedBlocks(src_tensors, NUM_PAGES), PagedBlocks(dst_tensors, NUM_PAGES)
+    blocks = RequestBlocks.from_prompt("r", BIG, list(range(6 * 16 + 1)))
+    blocks.block_ids = [9, 2, 4, 8, 6, 11]  # inside the pages' shared interior
+    with Client(store.address, transport="shm") as client:
+        client.register_namespace(BIG)
+        client.register_namespace(Namespace("kvstore/warm-up", BIG.layout))
+        client.put_chain(BIG.id, blocks.keys[:6], PagedBlocks.as_buffers(src.gather(range(6))))
+        loader = BlockLoader(client, dst, 2, by_layer=by_layer)
+        assert loader.shared_bytes == 0
+        warm = loader.warm_up(Namespace("kvstore/warm-up", BIG.layout).id)
+        page_bytes = NUM_PAGES * dst.block_bytes // LAYERS
+        assert loader.shared_bytes >= LAYERS * (page_bytes - 2 * 4096)
+        assert warm.num_bytes == 2 * dst.block_bytes + loader.shared_bytes
+        layer_load = loader.start_layers(blocks.transfer(0, 6))
+        if layer_load is not None:
+            for layer in range(LAYERS):
+                layer_load.wait_layer(layer)
+            result = layer_load.finish()
+        else:
+            result = loader.load(blocks.transfer(0, 6))
+        assert (result.num_loaded, result.error) == (6, None)
+        assert "scatter" not in result.phases.seconds
+    for i, page in enumerate(blocks.block_ids):
+        assert _same_block(src_tensors, i, dst_tensors, page)
 
 
 # -- layer by layer, straight into the pages ------------------------------------------------

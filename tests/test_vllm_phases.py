@@ -47,12 +47,14 @@ def _lapped(name: str, seconds: float, num_blocks: int, num_bytes: int):
     return clock.done(num_blocks, num_bytes)
 
 
-def test_config_reads_load_buffers_load_by_layer_and_log_level():
-    config = ConnectorConfig.from_extra_config(
-        {"kvstore.load_buffers": "8", "kvstore.log_level": "debug", "kvstore.load_by_layer": "0"}
-    )
-    assert (config.load_buffers, config.log_level, config.load_by_layer) == (8, "debug", False)
-    assert (ConnectorConfig().load_buffers, ConnectorConfig().load_by_layer) == (128, True)
+def test_config_reads_load_buffers_load_by_layer_share_pages_and_log_level():
+    extra = {"kvstore.load_buffers": "8", "kvstore.log_level": "debug"}
+    extra |= {"kvstore.load_by_layer": "0", "kvstore.share_pages": "false"}
+    config = ConnectorConfig.from_extra_config(extra)
+    assert (config.load_buffers, config.log_level) == (8, "debug")
+    assert (config.load_by_layer, config.share_pages) == (False, False)
+    default = ConnectorConfig()
+    assert (default.load_buffers, default.load_by_layer, default.share_pages) == (128, True, True)
     for bad in ({"kvstore.load_buffers": "3"}, {"kvstore.load_buffers": "0"}):
         with pytest.raises(InvalidArgumentError, match="load_buffers"):
             ConnectorConfig.from_extra_config(bad)

@@ -4,6 +4,7 @@ A load is timed phase by phase (`PhaseClock.lap`), so the phases add up to the l
 time. The phases of the vLLM connector's worker side:
 
     connect   the data-plane connection (UCX worker, handshake, endpoint) made on first use
+    share     (warm-up only) vLLM's pages moved onto memory shared with a node on this host
     stage     host staging for the blocks: allocation and first touch of fresh pages
     transfer  waiting for blocks to land in staging (the store's side, the wire, CRC32C)
     scatter   copying staging into vLLM's paged per-layer tensors (not overlapped with a

@@ -48,12 +48,9 @@ from kvstore.integrations.vllm_blocks import PagedBlocks
 from kvstore.integrations.vllm_config import ConnectorConfig
 from kvstore.integrations.vllm_layer_load import LayerLoad
 from kvstore.integrations.vllm_loader import BlockLoader
-from kvstore.integrations.vllm_plan import (
-    BlockTransfer,
-    RequestBlocks,
-    loadable_prefix_len,
-)
-from kvstore.keys import KVLayout, Namespace
+from kvstore.integrations.vllm_namespace import namespace_for
+from kvstore.integrations.vllm_plan import BlockTransfer, RequestBlocks, loadable_prefix_len
+from kvstore.keys import Namespace
 from kvstore.publishing import BlockPublisher
 
 if TYPE_CHECKING:
@@ -92,31 +89,6 @@ class KVStoreConnectorMetadata(KVConnectorMetadata):
 
     loads: list[BlockTransfer] = field(default_factory=list)
     saves: list[BlockTransfer] = field(default_factory=list)
-
-
-def _cache_dtype(vllm_config: VllmConfig) -> str:
-    cache_dtype = vllm_config.cache_config.cache_dtype
-    if cache_dtype in (None, "auto"):
-        return str(vllm_config.model_config.dtype).removeprefix("torch.")
-    return {"fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}.get(
-        cache_dtype, cache_dtype
-    )
-
-
-def namespace_for(vllm_config: VllmConfig, model_id: str, salt: str | None) -> Namespace:
-    """The namespace of one engine's blocks; the device kind names the paged layout."""
-    model = vllm_config.model_config
-    parallel = vllm_config.parallel_config
-    layout = KVLayout(
-        _cache_dtype(vllm_config),
-        model.get_num_layers(parallel),
-        model.get_num_kv_heads(parallel),
-        model.get_head_size(),
-        vllm_config.cache_config.block_size,
-    )
-    device = vllm_config.device_config.device_type
-    name = f"vllm/{device}/{model_id or model.model}"
-    return Namespace(name, layout, (salt or "").encode())
 
 
 class KVStoreConnector(KVConnectorBase_V1):
@@ -299,8 +271,9 @@ class KVStoreConnector(KVConnectorBase_V1):
 
     def _warm_up_loads(self, paged: PagedBlocks) -> None:
         """Pays a load's fixed costs now: the data plane and the staging pool."""
+        config = self.config
         self._loader = BlockLoader(
-            self._client, paged, self.config.load_buffers, self.config.load_by_layer
+            self._client, paged, config.load_buffers, config.load_by_layer, config.share_pages
         )
         warm_up = namespace_for(self._vllm_config, WARM_UP_MODEL_ID, None)
         try:

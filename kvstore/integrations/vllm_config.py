@@ -38,6 +38,10 @@ class ConnectorConfig:
         load_by_layer: where the layout allows (vLLM's CPU pages, over the data plane),
             load straight into vLLM's pages layer by layer while the forward pass runs
             (`vllm_layer_load`); else, and when false, load before the forward pass.
+        share_pages: with a node on this host and vLLM's CPU pages, share the pages with
+            the node at start-up, in place (`Client.share`), so loads land in them with no
+            copy on this side; when false, or where that is not possible, loads go through
+            `load_buffers` (or straight into the pages, over UCX, by layer).
         auth_token_file: file holding the token the store knows this server by (a store
             started with --auth-token-file refuses calls without one).
         tls_ca: PEM CA of the store's certificate: reach it over TLS.
@@ -53,6 +57,7 @@ class ConnectorConfig:
     publish_buffers: int = 512
     load_buffers: int = 128
     load_by_layer: bool = True
+    share_pages: bool = True
     auth_token_file: str = ""
     tls_ca: str = ""
     log_level: str = ""
@@ -82,7 +87,7 @@ class ConnectorConfig:
         unknown = sorted(set(fields) - set(cls.__dataclass_fields__))
         if unknown:
             raise InvalidArgumentError(f"unknown kvstore connector settings: {unknown}")
-        for name in ("save", "load_by_layer"):
+        for name in ("save", "load_by_layer", "share_pages"):
             if name in fields:
                 fields[name] = str(fields[name]).lower() not in ("0", "false", "no")
         for name, convert in _NUMBERS.items():

@@ -16,8 +16,12 @@ paged layers, chunk k+1 is already landing in the other half.
                  | scatter 0    | scatter 1 ...
 
 Where vLLM's pages keep each layer's part of a block contiguous in host memory (its CPU
-layout), `start_layers` does better: no staging and no scatter, the blocks land straight in
-the pages, layer by layer, while the forward pass runs (`vllm_layer_load`).
+layout), loads need neither pool nor scatter: each layer's part lands straight in its page
+(a GET in parts, `vllm_layer_load`). With a node on this host the warm-up also shares those
+pages with it in place (`Client.share`: same addresses, same bytes, moved onto memory the
+node maps) and receives its block into every page once (all free then), so the node copies
+each part straight into vLLM's page and this side only checks it. `load` does that before
+the forward pass; `start_layers` beside it, layer by layer.
 """
 
 from __future__ import annotations
@@ -58,10 +62,17 @@ class BlockLoader:
         paged: vLLM's paged KV tensors.
         num_buffers: staging blocks (even, >= 2); a chunk is half of them.
         by_layer: let `start_layers` load layer by layer where the layout allows.
+        share_pages: share vLLM's pages with a node on this host where the layout allows
+            (`warm_up`), so loads land in them straight; off, loads go through the pool.
     """
 
     def __init__(
-        self, client: Client, paged: PagedBlocks, num_buffers: int, by_layer: bool = False
+        self,
+        client: Client,
+        paged: PagedBlocks,
+        num_buffers: int,
+        by_layer: bool = False,
+        share_pages: bool = True,
     ) -> None:
         assert num_buffers >= 2 and num_buffers % 2 == 0, "the pool is two equal halves"
         self._client = client
@@ -70,13 +81,20 @@ class BlockLoader:
         self._pool = paged.empty(num_buffers)  # (num_buffers, layers, layer_elems)
         self._buffers = PagedBlocks.as_buffers(self._pool)  # one uint8 view per block
         self._is_cuda = paged.layers[0].is_cuda
-        self._layer_rows = paged.layer_rows() if by_layer else None
+        self._layer_rows = paged.layer_rows()  # None where no layer's block is contiguous
+        self._by_layer, self._share_pages = by_layer, share_pages
+        self.shared_bytes = 0  # of vLLM's pages, shared with a node on this host (`warm_up`)
 
     def start_layers(self, transfer: BlockTransfer) -> LayerLoad | None:
         """Starts `transfer` straight into vLLM's pages, layer by layer, beside the forward
         pass (`vllm_layer_load`), where the path and the layout allow: the data plane, and
         host pages that keep each layer's part of a block contiguous. None elsewhere: then
         `load`, before the forward pass."""
+        if not self._by_layer:
+            return None
+        return self._start_parts(transfer)
+
+    def _start_parts(self, transfer: BlockTransfer) -> LayerLoad | None:
         if self._layer_rows is None:
             return None
         clock = PhaseClock()
@@ -101,27 +119,42 @@ class BlockLoader:
         clock.lap("connect")
         if dataplane is not None:
             dataplane.warm_up()
+        if dataplane is not None and self._layer_rows is not None and self._share_pages:
+            self.shared_bytes = self._client.share(self._layer_rows)  # 0 on another host
+            clock.lap("share")
         if not self._is_cuda:  # with a node on this host, gets land in the pool uncopied
             self._pool = _host_pool(self._client, self._pool)
             self._buffers = PagedBlocks.as_buffers(self._pool)
         self._pool.view(torch.uint8).fill_(0)  # first touch, here rather than mid-load
         clock.lap("stage")
+        num_bytes = self._pool.numel() * self._pool.element_size()
         if dataplane is not None and namespace_id is not None:
-            self._receive_into_pool(dataplane, namespace_id)
+            blocks = [[buffer] for buffer in self._buffers]  # each staging block, whole
+            if self.shared_bytes and self._layer_rows is not None:  # and each page of vLLM's
+                num_bytes += self.shared_bytes
+                rows = self._layer_rows
+                blocks += [[layer[b] for layer in rows] for b in range(len(rows[0]))]
+            self._receive_into(dataplane, namespace_id, blocks)
             clock.lap("transfer")
-        return clock.done(0, self._pool.numel() * self._pool.element_size())
+        return clock.done(0, num_bytes)
 
-    def _receive_into_pool(self, dataplane: Any, namespace_id: bytes) -> None:
-        """One block, received into each staging block by pipelined gets (a call's keys
-        are distinct), then removed: it takes one block of the store's space, briefly."""
+    def _receive_into(
+        self, dataplane: Any, namespace_id: bytes, blocks: list[list[np.ndarray]]
+    ) -> None:
+        """One block of the process's own, received into each of `blocks` (its parts) by
+        pipelined gets (a call's keys are distinct), then removed: it takes one block of the
+        store's space, briefly. First receives into memory cost more than later ones (page
+        faults on both sides; the transport's own set-up): paid here, not mid-load."""
         key = secrets.token_bytes(KEY_BYTES)  # no other process's block, nor a prompt's
         self._client.put(namespace_id, [key], [self._buffers[0]])
         try:
             block_bytes = self._buffers[0].nbytes
-            for start in range(0, len(self._buffers), WARM_UP_IN_FLIGHT):
+            for start in range(0, len(blocks), WARM_UP_IN_FLIGHT):
                 gets = [
-                    dataplane.submit_get_into(namespace_id, [key], [buffer], block_bytes)
-                    for buffer in self._buffers[start : start + WARM_UP_IN_FLIGHT]
+                    dataplane.submit_get_parts(
+                        namespace_id, [key], [[p] for p in parts], block_bytes
+                    )
+                    for parts in blocks[start : start + WARM_UP_IN_FLIGHT]
                 ]
                 if not all(all(get.result()) for get in gets):
                     raise NotFoundError("the warm-up block went missing (evicted?)")
@@ -134,6 +167,10 @@ class BlockLoader:
         Stops at the first block not found; waits for every transfer it started before it
         returns, so the pool is free again.
         """
+        if self.shared_bytes:  # straight into vLLM's pages, shared with the node
+            direct = self._start_parts(transfer)
+            if direct is not None:
+                return direct.finish()
         clock = PhaseClock()
         try:
             dataplane = self._client.data_plane()
