@@ -396,6 +396,35 @@ def test_a_get_says_which_blocks_landed_while_the_node_copies(node, hello, monke
     _quiet(node)
 
 
+def test_a_get_in_parts_lands_part_major_and_says_when_each_part_is_in(node, hello, monkeypatch):
+    """A GET in 4 parts of 4 keys (key 1 missing) is copied part-major: unit `4 * s + i` is
+    part s of key i. A note comes after every two parts' bytes copied and at the end of
+    each part (three parts' bytes: more than NOTE_BYTES), none after the last unit."""
+    monkeypatch.setattr(shm_messages, "NOTE_BYTES", NS.block_bytes // 2)
+    sock, region = hello
+    keys, blocks = _chain(4, 26), _blocks(4, 26)
+    with _client(node) as client:
+        client.put_chain(NS.id, keys[:1], blocks[:1])
+        client.put_chain(NS.id, keys, blocks)
+        client.remove(NS.id, keys[1:2])
+    size = NS.block_bytes // 4
+    notes: list = []
+    req = Request(Op.GET, 8, NS.id, tuple(keys), NS.block_bytes, segments=4)
+    offsets = [(4 * s + i) * size for s in range(4) for i in range(4)]  # part-major here too
+    reply = _call(sock, req, offsets, notes)
+    assert reply is not None and reply.flags == (1, 0, 1, 1)
+    parts = [(8, 4 * s, b"\1\0\1") for s in range(4)]
+    ends = [(8, 4 * s + 3, b"\1") for s in range(3)]
+    assert notes == sorted(parts + ends, key=lambda note: note[1])
+    for s in range(4):
+        for i in (0, 2, 3):
+            landed = region.array[(4 * s + i) * size :][:size]
+            assert (landed == blocks[i][s * size : (s + 1) * size]).all()
+    with _client(node) as client:
+        client.remove(NS.id, keys)
+    _quiet(node)
+
+
 def test_calls_outside_the_region_change_nothing(node, hello):
     sock, region = hello
     keys, blocks = _chain(2, 20), _blocks(2, 20)

@@ -141,9 +141,13 @@ def test_pages_shared_with_a_node_on_this_host_take_loads_straight(store, by_lay
         assert loader.shared_bytes >= LAYERS * (page_bytes - 2 * 4096)
         assert warm.num_bytes == 2 * dst.block_bytes + loader.shared_bytes
         layer_load = loader.start_layers(blocks.transfer(0, 6))
-        if layer_load is not None:
+        if layer_load is not None:  # parts land part-major: each wait, its layer is in
             for layer in range(LAYERS):
                 layer_load.wait_layer(layer)
+                pairs = enumerate(blocks.block_ids)
+                assert all(
+                    torch.equal(src_tensors[layer][i], dst_tensors[layer][p]) for i, p in pairs
+                )
             result = layer_load.finish()
         else:
             result = loader.load(blocks.transfer(0, 6))

@@ -288,25 +288,26 @@ class ShmClient(DataPlaneClient):
         block_bytes: int,
         on_part: Callable[[int], None] | None,
     ) -> tuple[bool, ...]:
-        """`parts[s][i]`: where part s of key i lands; `on_part(s)` once every part has.
+        """`parts[s][i]`: where part s of key i lands; `on_part(s)` once every part s has.
 
-        Every block is checked (and copied out of staging) as soon as the node says it
-        landed (`Landing`), while the node copies the next ones. Into shared buffers in one
-        call; through staging in calls of a quarter of the keys (at most CALL_BYTES), two in
-        flight, one in each half of the region.
+        Every block is checked (and copied out of staging) as the node says it landed
+        (`Landing`), while the node copies the next ones. Into shared buffers in one call,
+        parts part-major (`on_part(s)` as each is in, later ones still being copied);
+        through staging in calls of a quarter of the keys (at most CALL_BYTES), two in
+        flight, one in each half of the region (`on_part` at the end).
         """
         where = self._shared.where(parts)
-        if where is not None:
-            offsets = [p for part in where for p in part]
-            rid = self._send_get(namespace_id, keys, len(parts), block_bytes, offsets)
-            calling = Landing(rid, len(keys), functools.partial(summed, parts))
-            found = self._finish(calling, self._reply(len(keys), calling, True))
-        else:
+        if where is None:
             found = self._get_staged(namespace_id, keys, parts, block_bytes)
-        if on_part is not None:
-            for s in range(len(parts)):
-                on_part(s)
-        return tuple(found)
+            if on_part is not None:
+                for part in range(len(parts)):
+                    on_part(part)
+            return tuple(found)
+        offsets = [p for part in where for p in part]
+        rid = self._send_get(namespace_id, keys, len(parts), block_bytes, offsets)
+        take = functools.partial(summed, parts)
+        calling = Landing(rid, len(keys), take, len(parts), on_part)
+        return tuple(self._finish(calling, self._reply(len(keys), calling, True)))
 
     def _get_staged(
         self,
@@ -332,7 +333,7 @@ class ShmClient(DataPlaneClient):
         found: list[bool] = []
         for k, call in enumerate(calls):
             take = functools.partial(copied_out, [p[call] for p in parts], region, k % depth * half)
-            calling = Landing(sent[k], len(keys[call]), take)
+            calling = Landing(sent[k], len(keys[call]), take, segments)
             found += self._finish(calling, self._get_reply(keys, calls[k : k + depth], calling))
             if k + depth < len(calls):
                 sent.append(send(k + depth))

@@ -13,15 +13,19 @@ and limits, each checked exactly.
 | CALL    | client | kind, a request frame, a placement frame       | none                    |
 | SUMS    | client | kind, a sealed request id (u64), CRC32C each   | none                    |
 | REPLY   | node   | kind, a reply frame                            | none                    |
-| LANDED  | node   | kind, request id (u64), first key (u32), flags | none                    |
+| LANDED  | node   | kind, request id (u64), first unit (u32), flags | none                   |
 
 The node answers HELLO and REGION (a reply whose `block_bytes` is its region limit, or an
 error) and every CALL but PING and CLOSE, in order. While it copies a GET's blocks, it says
-which have landed (LANDED: keys from the first named on are done, a found flag each, 0 or
+which have landed (LANDED: units from the first named on are done, a found flag each, 0 or
 1), after every `NOTE_BYTES` or more it copied, so the client checks them while later ones
-are still being copied; the REPLY follows the last block. Notes are advice: a node whose
-socket would make it wait (a client not reading) sends no more for that call, and the
-client takes at the reply what no note named. HELLO's region is index 0 (the client's
+are still being copied; the REPLY follows the last block. A unit is part s of key i, unit
+`s * num_keys + i` (a whole block, for a call of one part): a GET in parts is copied
+part-major, and noted also at the end of each part of `NOTE_BYTES` or more, so the client
+knows part s (a KV block's layer s) of every block is in while later parts are still
+being copied. Notes are advice: a node whose socket would make it wait (a client not
+reading) sends no more for that call, and the client takes at the reply what no note
+named. HELLO's region is index 0 (the client's
 staging); REGION puts one at its index, replacing any there. A placement frame holds where
 every block a call moves is (u64 each, `regions.placement`: region index and offset): for
 a PUT, block i; for a GET, where part s of block i goes, at `s * num_keys + i` (one part:
@@ -60,7 +64,7 @@ class Kind(enum.IntEnum):
 
 
 _SUMS_HEAD = struct.Struct("<Q")  # the request id the sums are for
-_LANDED = struct.Struct("<BQI")  # kind, request id, first key
+_LANDED = struct.Struct("<BQI")  # kind, request id, first unit
 NOTE_BYTES = 1 << 20  # a LANDED note costs a few microseconds: under 1/20 of copying this
 
 
@@ -135,7 +139,7 @@ def encode_landed(request_id: int, first: int, flags: Sequence[int]) -> bytes:
 
 
 def decode_landed(data: memoryview) -> tuple[int, int, bytes]:
-    """(request id, first key, found flags) of a LANDED note; ValueError if malformed."""
+    """(request id, first unit, found flags) of a LANDED note; ValueError if malformed."""
     if len(data) <= _LANDED.size or data[0] != Kind.LANDED:
         raise ValueError(f"a {len(data)}-byte message is not a landed note")
     _, request_id, first = _LANDED.unpack_from(data)

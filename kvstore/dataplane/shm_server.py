@@ -281,22 +281,14 @@ class ShmServer(DataPlaneServer):
         req: Request,
         offsets: tuple[int, ...],
     ) -> Reply:
-        size, num_keys = req.block_bytes // req.segments, len(req.keys)
+        size = req.block_bytes // req.segments
         targets = [regions.span(off, size) for off in offsets]  # all checked before a lease
         lease = conn.store.acquire(req.namespace_id, req.keys, True, conn.peer)
         try:
             hits = [i for i, v in enumerate(lease.views) if v is not None]
-            flags, said, copied, noting = frames.flags_of(lease.found), 0, 0, True
-            for i in hits:
-                block = _slot_bytes(lease.views[i])
-                for s in range(req.segments):
-                    copy(targets[s * num_keys + i], block[s * size : (s + 1) * size])
-                copied += req.block_bytes
-                if noting and copied >= shm_messages.NOTE_BYTES and i + 1 < num_keys:
-                    # Never waits under the lease for a client that does not read.
-                    landed = shm_messages.encode_landed(req.request_id, said, flags[said : i + 1])
-                    noting = shm_messages.try_send(sock, landed)
-                    said, copied = i + 1, 0
+            flags = frames.flags_of(lease.found)
+            blocks = {i: _slot_bytes(lease.views[i]) for i in hits}
+            _copy_noting(sock, req, targets, blocks, tuple(flags) * req.segments)
             sums = tuple(lease.checksums[i] for i in hits)
         finally:
             conn.store.release(lease.lease_id)
@@ -331,6 +323,39 @@ class ShmServer(DataPlaneServer):
             self.metrics.moved("shm", "put", len(todo) * req.block_bytes, 0)
         flags = tuple(STATUS_CODES.index(s) for s in reserved.statuses)
         return Reply(flags, rid, req.block_bytes)
+
+
+def _copy_noting(
+    sock: socket.socket,
+    req: Request,
+    targets: list[np.ndarray],
+    blocks: dict[int, np.ndarray],
+    units: tuple[int, ...],
+) -> None:
+    """Copies each found block's parts into `targets`, part-major (unit `s * num_keys + i`,
+    part s of key i, found if `units[u]`), and says which units landed (LANDED): after
+    every NOTE_BYTES copied, and at the end of each part of at least NOTE_BYTES (layer s of
+    every block in). Never waits under the lease for a client that does not read: a note
+    the socket cannot take at once ends the notes of this call."""
+    size, num_keys = req.block_bytes // req.segments, len(req.keys)
+    part_bytes, last = len(blocks) * size, len(units)
+    said, copied, noting = 0, 0, True
+
+    def note(through: int) -> None:
+        nonlocal said, copied, noting
+        landed = shm_messages.encode_landed(req.request_id, said, units[said:through])
+        noting = shm_messages.try_send(sock, landed)
+        said, copied = through, 0
+
+    for s in range(req.segments):
+        for i, block in blocks.items():
+            copy(targets[s * num_keys + i], block[s * size : (s + 1) * size])
+            copied += size
+            if noting and copied >= shm_messages.NOTE_BYTES and s * num_keys + i + 1 < last:
+                note(s * num_keys + i + 1)
+        end = (s + 1) * num_keys
+        if noting and part_bytes >= shm_messages.NOTE_BYTES and said < end < last:
+            note(end)
 
 
 class _Sums:
