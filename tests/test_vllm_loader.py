@@ -9,6 +9,7 @@ from tests.conftest import require_extra
 
 torch = require_extra("torch")
 
+from kvstore import errors  # noqa: E402
 from kvstore.client import Client  # noqa: E402
 from kvstore.integrations import vllm_layer_load  # noqa: E402
 from kvstore.integrations.load_phases import PhaseClock  # noqa: E402
@@ -18,7 +19,7 @@ from kvstore.integrations.vllm_plan import RequestBlocks  # noqa: E402
 from kvstore.keys import KVLayout, Namespace  # noqa: E402
 from kvstore.server import EmbeddedServer, ServerConfig  # noqa: E402
 from kvstore.store import StoreConfig  # noqa: E402
-from tests.conftest import wait_no_leases  # noqa: E402
+from tests.conftest import free_port, start_store, wait_no_leases  # noqa: E402
 
 LAYERS, KV_HEADS, BLOCK, HEAD_DIM, NUM_PAGES = 3, 2, 4, 8, 16
 NS = Namespace("vllm/cpu/loader-test", KVLayout("float32", LAYERS, KV_HEADS, HEAD_DIM, BLOCK))
@@ -153,6 +154,55 @@ def test_pages_shared_with_a_node_on_this_host_take_loads_straight(store, by_lay
             result = loader.load(blocks.transfer(0, 6))
         assert (result.num_loaded, result.error) == (6, None)
         assert "scatter" not in result.phases.seconds
+    for i, page in enumerate(blocks.block_ids):
+        assert _same_block(src_tensors, i, dst_tensors, page)
+
+
+def _file_of(tensor: torch.Tensor) -> str | None:
+    """The inode of the shared file that holds the middle of `tensor`'s memory, if any."""
+    middle = tensor.data_ptr() + tensor.numel() * tensor.element_size() // 2
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            span, _, _, _, inode, *name = line.split()
+            start, end = (int(x, 16) for x in span.split("-"))
+            if start <= middle < end and name and "kvstore-in-place" in name[0]:
+                return inode
+    return None
+
+
+def test_pages_are_shared_again_with_a_restarted_node(tmp_path):
+    """The node goes and another comes up at its address: the next load, over a new
+    connection, shares the pages with the new node first (else every load would go through
+    staging) and lands straight in them."""
+    port = str(free_port())
+    gen = torch.Generator().manual_seed(5)
+    src_tensors = [torch.randn(BIG_SHAPE, generator=gen) for _ in range(LAYERS)]
+    dst_tensors = [torch.zeros(BIG_SHAPE) for _ in range(LAYERS)]
+    src, dst = PagedBlocks(src_tensors, NUM_PAGES), PagedBlocks(dst_tensors, NUM_PAGES)
+    blocks = RequestBlocks.from_prompt("r", BIG, list(range(4 * 16 + 1)))
+    blocks.block_ids = [3, 5, 7, 9]
+    first = start_store(tmp_path, "--port", port)
+    with Client(first.address, timeout_s=5.0, transport="shm") as client:
+        client.register_namespace(BIG)
+        loader = BlockLoader(client, dst, 2)
+        loader.warm_up()
+        shared, before = loader.shared_bytes, _file_of(dst_tensors[0])
+        assert shared > 0 and before is not None
+        assert first.stop() == 0
+        second = start_store(tmp_path, "--port", port)
+        try:
+            client.register_namespace(BIG)
+            staging = PagedBlocks.as_buffers(src.gather(range(4)))
+            with pytest.raises(errors.UnavailableError):  # the old connection: its node is gone
+                client.put_chain(BIG.id, blocks.keys[:4], staging)
+            client.put_chain(BIG.id, blocks.keys[:4], staging)  # over a new one
+            result = loader.load(blocks.transfer(0, 4))
+            assert (result.num_loaded, result.error) == (4, None)
+            assert "share" in result.phases.seconds and "scatter" not in result.phases.seconds
+            assert loader.shared_bytes == shared
+            assert _file_of(dst_tensors[0]) not in (None, before)  # a new file, the new node's
+        finally:
+            assert second.stop() == 0
     for i, page in enumerate(blocks.block_ids):
         assert _same_block(src_tensors, i, dst_tensors, page)
 

@@ -27,6 +27,7 @@ the forward pass; `start_layers` beside it, layer by layer.
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import secrets
 from collections import deque
 from collections.abc import Sequence
@@ -44,6 +45,7 @@ from kvstore.integrations.vllm_layer_load import Found, LayerLoad, failed, outco
 from kvstore.integrations.vllm_plan import BlockTransfer
 from kvstore.keys import KEY_BYTES
 
+log = logging.getLogger("kvstore.integrations.vllm")
 WARM_UP_IN_FLIGHT = 8  # gets at once; ucxx warns when many more wait on its futures pool
 LAYER_WAIT_MARGIN_S = 5.0  # a layer wait outlasts the data plane's deadline by this much
 
@@ -84,6 +86,7 @@ class BlockLoader:
         self._layer_rows = paged.layer_rows()  # None where no layer's block is contiguous
         self._by_layer, self._share_pages = by_layer, share_pages
         self.shared_bytes = 0  # of vLLM's pages, shared with a node on this host (`warm_up`)
+        self._shared_with: Any = None  # the data-plane connection they are shared over
 
     def start_layers(self, transfer: BlockTransfer) -> LayerLoad | None:
         """Starts `transfer` straight into vLLM's pages, layer by layer, beside the forward
@@ -105,10 +108,24 @@ class BlockLoader:
         clock.lap("connect")
         if dataplane is None:
             return None
+        if self._shared_with is not None and dataplane is not self._shared_with:
+            self._share_again(dataplane)  # a new connection (the node restarted)
+            clock.lap("share")
         wait_s = self._client.timeout_s + LAYER_WAIT_MARGIN_S
         return LayerLoad(
             dataplane, transfer, self._layer_rows, self._paged.block_bytes, wait_s, clock
         )
+
+    def _share_again(self, dataplane: Any) -> None:
+        """Shares the pages with the node of a new connection, as `warm_up` did with the
+        last one (whose node is gone): otherwise every load would go through staging."""
+        assert self._layer_rows is not None
+        self._shared_with = dataplane
+        try:
+            self.shared_bytes = self._client.share(self._layer_rows)
+        except KVStoreError as exc:  # loads still land, through the plane's staging
+            log.warning("event=share_failed error=%s", type(exc).__name__)
+        log.info("event=pages_shared_again bytes=%d", self.shared_bytes)
 
     def warm_up(self, namespace_id: bytes | None = None) -> LoadPhases:
         """Connects the data plane, touches every staging page and, given a registered
@@ -121,6 +138,7 @@ class BlockLoader:
             dataplane.warm_up()
         if dataplane is not None and self._layer_rows is not None and self._share_pages:
             self.shared_bytes = self._client.share(self._layer_rows)  # 0 on another host
+            self._shared_with = dataplane if self.shared_bytes else None
             clock.lap("share")
         if not self._is_cuda:  # with a node on this host, gets land in the pool uncopied
             self._pool = _host_pool(self._client, self._pool)
