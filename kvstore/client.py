@@ -181,12 +181,12 @@ class Client:
         return np.empty(nbytes, np.uint8)
 
     def share(self, arrays: Sequence[np.ndarray]) -> int:
-        """Makes host memory this process already has (uint8 arrays, e.g. views of vLLM's
-        paged KV cache) memory shared with a node on this host, in place: the same
-        addresses and bytes, moved onto files the node maps, so gets and puts of blocks
-        there need no copy on this side. Nothing may write the arrays meanwhile. Returns
-        the bytes shared: 0 without a node on this host; blocks touching a partial page at
-        an array's ends still go through staging."""
+        """Makes host memory this process already has and keeps for its life (uint8
+        arrays, e.g. views of vLLM's paged KV cache) memory shared with a node on this
+        host, in place: the same addresses and bytes, moved onto files the node maps, so
+        gets and puts of blocks there need no copy on this side. Nothing may write the
+        arrays meanwhile. Returns the bytes shared: 0 without a node on this host; blocks
+        touching a partial page at an array's ends still go through staging."""
         dataplane = self.data_plane()
         return dataplane.share(arrays) if isinstance(dataplane, ShmClient) else 0
 
