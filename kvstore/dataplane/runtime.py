@@ -155,6 +155,22 @@ class UcxRuntime:
         ctx, self.ctx = self.ctx, None
         if ctx is not None:
             ctx.worker.stop_progress_thread()
+            _quiesce_notifier(ctx.worker)
+
+
+def _quiesce_notifier(worker: Any) -> None:
+    """Leaves a worker whose threads have stopped with no request in flight and its
+    request notifier marked stopped with nothing pending. A request that completes after
+    the notifier thread's last wait (an endpoint's close, a receive cancelled, here or by
+    the worker's own end) leaves a notification no thread will take, and ucxx then warns
+    at the worker's end that its notifier is still running: here the requests are
+    cancelled first, as the worker's end would, and a wait takes what they left (the
+    first wait after a stop only marks the notifier running again)."""
+    worker.cancel_inflight_requests(period=3_000_000_000, max_attempts=3)  # as ~Worker does
+    worker.stop_request_notifier_thread()
+    worker.wait_request_notifier(period_ns=1)  # the stop seen: marked running again
+    worker.wait_request_notifier(period_ns=1)  # a pending notification taken, if any
+    worker.stop_request_notifier_thread()
 
 
 async def with_deadline(coro: Awaitable[T], timeout_s: float) -> T:
