@@ -25,6 +25,7 @@ loss is real.
 from __future__ import annotations
 
 import functools
+import multiprocessing as mp
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
@@ -193,7 +194,10 @@ def run_matrix(
         traces = trace_specs(Path(str(settings["trace"])), quick)
     pairs = [(t, shape) for t in traces for shape in shapes]
     steps = QUICK_STEPS if quick else OVERLOAD_STEPS
-    pool = ProcessPoolExecutor(workers) if workers > 1 else None
+    # Spawned, not forked: a fork of a process with live threads (a data-plane client, gRPC)
+    # can deadlock or abort, and a test process has them.
+    spawn = mp.get_context("spawn")
+    pool = ProcessPoolExecutor(workers, mp_context=spawn) if workers > 1 else None
     try:
         onsets = _onsets(pool, pairs, settings)
         cells = [

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
+import multiprocessing as mp
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -114,7 +115,8 @@ def _run_jobs(
                 )
                 advance(1)
             return results
-        with ProcessPoolExecutor(workers) as pool:
+        # Spawned, not forked: forking a process with live threads can deadlock or abort.
+        with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
             futures = {
                 job: pool.submit(
                     _simulate, all_traces[job.trace].requests, job.capacity, job.variant, weighting
