@@ -81,10 +81,7 @@ def checked_buffers(
     raises a typed error (naming the first few at fault) otherwise."""
     if len(keys) != len(buffers):
         raise errors.InvalidArgumentError(f"{len(buffers)} buffers for {len(keys)} keys")
-    check_num_blocks(len(keys))
-    bad = [i for i, k in enumerate(keys) if len(k) != KEY_BYTES]
-    if bad:
-        raise errors.BadKeyError(f"keys {bad[:8]} are not {KEY_BYTES} bytes long")
+    check_keys(keys)
     bufs = [as_transfer_buffer(b, writable) for b in buffers]
     wrong = [i for i, b in enumerate(bufs) if b.nbytes != block_bytes]
     if wrong:
@@ -92,6 +89,14 @@ def checked_buffers(
             f"buffers {wrong[:8]} are not {block_bytes} bytes (the namespace's block size)"
         )
     return bufs
+
+
+def check_keys(keys: Sequence[bytes]) -> None:
+    """Raises a typed error unless `keys` are a call's worth of well-formed keys."""
+    check_num_blocks(len(keys))
+    bad = [i for i, k in enumerate(keys) if len(k) != KEY_BYTES]
+    if bad:
+        raise errors.BadKeyError(f"keys {bad[:8]} are not {KEY_BYTES} bytes long")
 
 
 def _torch_uint8(tensor: Any) -> Any:

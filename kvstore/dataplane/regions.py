@@ -196,14 +196,16 @@ class SharedBuffers:
         return out  # type: ignore[return-value]
 
     def _placed(self, buf: TransferBuffer) -> int | None:
-        if buf.is_device:
-            return None
-        start = address_of(buf.obj)
+        return None if buf.is_device else self.placed_at(address_of(buf.obj), buf.nbytes)
+
+    def placed_at(self, start: int, nbytes: int) -> int | None:
+        """The placement of the `nbytes` at address `start`, or None unless all are in one
+        shared window."""
         at = bisect.bisect(self._starts, start) - 1
         if at < 0:
             return None
         end, where = self._windows[at]
-        return where + start - self._starts[at] if start + buf.nbytes <= end else None
+        return where + start - self._starts[at] if start + nbytes <= end else None
 
 
 def address_of(buf: Any) -> int:

@@ -1,15 +1,11 @@
-"""The client's same-host side: one Unix socket and shared-memory regions (`regions`) to
-one node (`shm_server`).
+"""The client's same-host calls, over one `ShmConnection` to a node (`shm_server`).
 
-Caller buffers from `ShmClient.buffer` are shared with the node, which copies blocks
-straight into and out of them; others go through the staging region (the node copies a
+Caller buffers in memory shared with the node (`buffer`, `share`) get their blocks copied
+straight in and out by the node; others go through the staging region (the node copies a
 get's blocks into it and the client copies them on; a put's are copied into it first). A
 get's blocks are checked against the node's CRC32C where the caller will read them (a
 failure is a miss, never found); the node commits a put only if its copy matches the sums.
-
-The staging region grows to the largest call, up to the node's limit (stated at hello): a
-get larger goes in several calls, a staged put must fit. Calls run one at a time, in the
-order they are made (`InOrder`).
+A get larger than the staging region goes in several calls; a staged put must fit.
 """
 
 from __future__ import annotations
@@ -17,131 +13,26 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import functools
-import itertools
-import logging
-import mmap
-import os
-import socket
-import threading
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
 from kvstore import errors
 from kvstore.checksum import checksum
-from kvstore.dataplane import frames, in_place, shm_messages
-from kvstore.dataplane.base import Admission, DataPlaneClient
-from kvstore.dataplane.buffers import TransferBuffer, checked_buffers, host_bytes
+from kvstore.dataplane import frames, shm_messages
+from kvstore.dataplane.buffers import TransferBuffer, check_keys, host_bytes
 from kvstore.dataplane.frames import Op, Reply, Request
-from kvstore.dataplane.in_order import InOrder
-from kvstore.dataplane.landing import Landing, copied_out, summed
-from kvstore.dataplane.regions import Region, SharedBuffers, copy_summed, placement
+from kvstore.dataplane.landing import Landing, Take, copied_out, summed
+from kvstore.dataplane.placed import PlacedRows
+from kvstore.dataplane.regions import copy_summed, placement
+from kvstore.dataplane.shm_connection import CALL_BYTES, ShmConnection, log
 from kvstore.dataplane.ucx_server import STATUS_CODES
 from kvstore.results import ReserveResult
 
-log = logging.getLogger("kvstore.dataplane")
-T = TypeVar("T")
-Handshake = Callable[[bytes], tuple[bytes, Admission]]  # b"" -> node's socket name, mine
-KEEPALIVE_S = 30.0  # well inside the node's idle timeout (`ServerSettings.idle_timeout_s`)
-FIRST_REGION_BYTES = 64 << 10  # what hello hands over; calls grow it (`_room`)
-CALL_BYTES = 16 << 20  # a staged get moves in calls of at most this (or one block), two in flight
 
-
-class ShmClient(DataPlaneClient):
-    """Gets into and puts from caller buffers through shared memory; every call has a
-    deadline (the socket's timeout)."""
-
-    def __init__(self, handshake: Handshake, timeout_s: float = 30.0) -> None:
-        self.timeout_s = timeout_s
-        self.checksum_failures = 0  # received blocks that did not match the node's CRC32C
-        self._ids = itertools.count(1)
-        self._lock = threading.Lock()  # one exchange on the socket at a time
-        self._closed = threading.Event()
-        self._sock: socket.socket | None = None
-        self._region: Region | None = None  # staging, index 0; grown by `_room`
-        self._shared = SharedBuffers()
-        self._limit = 0
-        self._calls = InOrder("kvstore-shm-client")
-        try:
-            server_address, admission = handshake(b"")
-            self.client_id = admission.client_id
-            self._sock = shm_messages.connect(server_address, timeout_s)
-            self._region, fd = Region.create(FIRST_REGION_BYTES)
-            hello = shm_messages.encode_hello(admission.client_id, admission.secret)
-            try:
-                shm_messages.send(self._sock, hello, [fd])
-            finally:
-                os.close(fd)
-            self._limit = self._reply(0).block_bytes
-        except OSError as exc:
-            self._abort()
-            raise errors.UnavailableError(f"shm data plane unreachable: {exc}") from exc
-        except BaseException:
-            self._abort()
-            raise
-        threading.Thread(target=self._ping_forever, name="kvstore-shm-ping", daemon=True).start()
-
-    @property
-    def is_open(self) -> bool:
-        return self._sock is not None
-
-    def close(self) -> None:
-        """Says CLOSE to the node and closes the socket; never raises."""
-        if self._sock is None:
-            return
-        with contextlib.suppress(OSError, errors.KVStoreError), self._lock:
-            self._send(Request(Op.CLOSE, next(self._ids), b"", (), 0), ())
-        self._abort()
-
-    def buffer(self, nbytes: int) -> np.ndarray:
-        """`nbytes` of memory shared with the node: blocks a get places there are copied
-        straight in by the node, and a put's are copied straight out, with no copy on this
-        side. Raises InvalidArgumentError past the node's region limits."""
-        return self._calls.run(self._guarded, self._add_buffer, nbytes)
-
-    def _add_buffer(self, nbytes: int) -> np.ndarray:
-        region = self._hand_over(self._shared.next_index, nbytes)
-        self._shared.add(region)
-        return region.array
-
-    def share(self, arrays: Sequence[np.ndarray]) -> int:
-        """Shares host memory this process already has with the node, in place (`in_place`:
-        nothing may write `arrays` meanwhile), so blocks there move as `buffer`'s do; returns
-        the bytes shared. Raises InvalidArgumentError past the node's region limits."""
-        return self._calls.run(self._guarded, self._share, arrays)
-
-    def _share(self, arrays: Sequence[np.ndarray]) -> int:
-        return in_place.share(arrays, self._limit, self._add_file, self._shared.overlaps)
-
-    def _add_file(self, fd: int, windows: Sequence[in_place.Window]) -> None:
-        self._send_region(self._shared.next_index, fd)
-        self._shared.add_windows(windows)
-
-    def warm_up(self) -> None:
-        """Grows the staging region to what the largest staged calls use, and touches every
-        page of it: a first large call would pay both (a new file, its page faults)."""
-        self._calls.run(self._guarded, self._warm_staging)
-
-    def _warm_staging(self) -> None:
-        self._room(min(2 * CALL_BYTES, self._limit)).array[:: mmap.PAGESIZE] = 0
-
-    def _abort(self) -> None:
-        self._closed.set()
-        sock, self._sock = self._sock, None
-        if sock is not None:
-            sock.close()
-        self._calls.shutdown()
-        if self._region is not None:  # unmapped now, or when a call still on it ends
-            self._region.close()
-
-    def _ping_forever(self) -> None:
-        while not self._closed.wait(KEEPALIVE_S):
-            with contextlib.suppress(Exception), self._lock:
-                if self._sock is not None:
-                    self._send(Request(Op.PING, next(self._ids), b"", (), 0), ())
-
-    # -- calls ---------------------------------------------------------------------------
+class ShmClient(ShmConnection):
+    """Gets into and puts from caller buffers through shared memory."""
 
     def submit_get_into(
         self, namespace_id: bytes, keys: Sequence[bytes], buffers: Sequence[Any], block_bytes: int
@@ -169,6 +60,28 @@ class ShmClient(DataPlaneClient):
         size = block_bytes // len(parts)
         bufs = [self._checked(keys, part, size, writable=True) for part in parts]
         return self._submit(self._get, namespace_id, tuple(keys), bufs, block_bytes, on_part)
+
+    def submit_get_placed(
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        placed: PlacedRows,
+        rows: Sequence[int],
+        on_part: Callable[[int], None] | None = None,
+    ) -> concurrent.futures.Future[tuple[bool, ...]] | None:
+        """`submit_get_parts` into rows `rows` of `placed` (`place`): part s of key i lands
+        in `placed.arrays[s][rows[i]]`. None (nothing sent) unless all are shared."""
+        if placed.owner is not self or len(keys) != len(rows):
+            raise errors.InvalidArgumentError("placed rows of another connection or keys")
+        block_bytes = placed.row_bytes * placed.num_parts
+        check_keys(keys)
+        frames.check_segments(len(keys), block_bytes, placed.num_parts)
+        offsets = placed.select(rows)
+        if offsets is None:
+            return None
+        take = placed.summer(list(rows))
+        args = (tuple(keys), placed.num_parts, block_bytes, offsets, take, on_part)
+        return self._submit(self._get_shared, namespace_id, *args)
 
     def submit_put(
         self,
@@ -211,75 +124,6 @@ class ShmClient(DataPlaneClient):
         parents_t = tuple(parents) if parents is not None else None
         return (namespace_id, tuple(keys), bufs, parents_t, block_bytes, where)
 
-    def _checked(
-        self, keys: Sequence[bytes], buffers: Sequence[Any], block_bytes: int, writable: bool
-    ) -> list[TransferBuffer]:
-        bufs = checked_buffers(keys, buffers, block_bytes, writable)
-        if self._sock is None:
-            raise errors.UnavailableError("data-plane connection is closed")
-        return bufs
-
-    def _submit(self, fn: Callable[..., T], *args: Any) -> concurrent.futures.Future[T]:
-        return self._calls.submit(self._guarded, fn, *args)
-
-    def _guarded(self, fn: Callable[..., T], *args: Any) -> T:
-        """Runs a call; a timeout or a broken socket closes the connection and raises a
-        typed error (a call's own error, the node's reply, leaves it open)."""
-        try:
-            with self._lock:
-                if self._sock is None:
-                    raise errors.UnavailableError("data-plane connection is closed")
-                return fn(*args)
-        except TimeoutError as exc:
-            self._abort()
-            raise errors.DeadlineExceededError(f"data-plane call timed out: {exc}") from exc
-        except (OSError, ConnectionError) as exc:
-            self._abort()
-            raise errors.UnavailableError(f"data-plane connection failed: {exc!r}") from exc
-
-    # -- protocol (the lock held) --------------------------------------------------------
-
-    def _send(self, req: Request, offsets: Sequence[int]) -> None:
-        assert self._sock is not None
-        shm_messages.send(self._sock, shm_messages.encode_call(req, offsets))
-
-    def _reply(self, num_keys: int, landing: Landing | None = None, get: bool = False) -> Reply:
-        """The reply to the oldest call not answered (of `num_keys` keys); a GET's (`get`)
-        LANDED notes before it go to `landing` (none: dropped, for a call drained after an
-        error). Anything else the node sends breaks the stream (ConnectionError)."""
-        assert self._sock is not None
-        noted = landing.note if landing is not None else None
-        reply = shm_messages.receive_reply(self._sock, num_keys, get, noted)
-        if reply.error is not None:
-            raise reply.error
-        return reply
-
-    def _hand_over(self, index: int, nbytes: int) -> Region:
-        """A new region of `nbytes`, handed to the node at `index`."""
-        region, fd = Region.create(nbytes)
-        try:
-            self._send_region(index, fd)
-        except BaseException:
-            region.close()
-            raise
-        finally:
-            os.close(fd)
-        return region
-
-    def _send_region(self, index: int, fd: int) -> None:
-        assert self._sock is not None
-        shm_messages.send(self._sock, bytes([shm_messages.Kind.REGION, index]), [fd])
-        self._reply(0)
-
-    def _room(self, nbytes: int) -> Region:
-        """The staging region, grown (and handed to the node) to hold `nbytes`."""
-        assert self._region is not None
-        if nbytes > self._region.size:
-            new = self._hand_over(0, min(max(nbytes, 2 * self._region.size), self._limit))
-            self._region.close()
-            self._region = new
-        return self._region
-
     def _get(
         self,
         namespace_id: bytes,
@@ -304,9 +148,22 @@ class ShmClient(DataPlaneClient):
                     on_part(part)
             return tuple(found)
         offsets = [p for part in where for p in part]
-        rid = self._send_get(namespace_id, keys, len(parts), block_bytes, offsets)
         take = functools.partial(summed, parts)
-        calling = Landing(rid, len(keys), take, len(parts), on_part)
+        return self._get_shared(namespace_id, keys, len(parts), block_bytes, offsets, take, on_part)
+
+    def _get_shared(
+        self,
+        namespace_id: bytes,
+        keys: tuple[bytes, ...],
+        segments: int,
+        block_bytes: int,
+        offsets: list[int],
+        take: Take,
+        on_part: Callable[[int], None] | None,
+    ) -> tuple[bool, ...]:
+        """A GET into shared memory at `offsets`, its blocks taken as they land."""
+        rid = self._send_get(namespace_id, keys, segments, block_bytes, offsets)
+        calling = Landing(rid, len(keys), take, segments, on_part)
         return tuple(self._finish(calling, self._reply(len(keys), calling, True)))
 
     def _get_staged(

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from kvstore.dataplane.placed import PlacedRows
 from kvstore.errors import KVStoreError
 from kvstore.integrations.load_phases import LoadResult, PhaseClock
 from kvstore.integrations.loaded_prefix import loaded_prefix_len
@@ -49,6 +50,8 @@ class LayerLoad:
             vLLM block `block_id` (a view of the paged cache, not a copy).
         wait_s: most a wait blocks; the data plane's own deadline ends a load sooner.
         clock: the load's phases so far (its `connect`).
+        placed: `layers` placed in memory shared with the node of `dataplane`
+            (`ShmClient.place`): gets name their rows, with no object per part.
     """
 
     def __init__(
@@ -59,6 +62,7 @@ class LayerLoad:
         block_bytes: int,
         wait_s: float,
         clock: PhaseClock,
+        placed: PlacedRows | None = None,
     ) -> None:
         self.transfer = transfer
         self.block_bytes = block_bytes
@@ -71,17 +75,19 @@ class LayerLoad:
         per_get = max(MAX_TAGGED_PARTS // len(layers), 1)
         self._gets: list[Found] = []
         for start in range(0, len(keys), per_get):
-            ids = block_ids[start : start + per_get]
-            parts = [[layer[b] for b in ids] for layer in layers]
+            ids, some = block_ids[start : start + per_get], keys[start : start + per_get]
+            on_part = self._on_part(len(self._gets))
             self._landed.append(0)
             try:
-                found = dataplane.submit_get_parts(
-                    transfer.namespace_id,
-                    keys[start : start + per_get],
-                    parts,
-                    block_bytes,
-                    self._on_part(len(self._gets)),
-                )
+                found = None
+                if placed is not None:  # None where a row is not shared
+                    ns = transfer.namespace_id
+                    found = dataplane.submit_get_placed(ns, some, placed, ids, on_part)
+                if found is None:
+                    parts = [[layer[b] for b in ids] for layer in layers]
+                    found = dataplane.submit_get_parts(
+                        transfer.namespace_id, some, parts, block_bytes, on_part
+                    )
             except KVStoreError as exc:  # closed under it (another thread's call failed)
                 found = failed(exc)
             found.add_done_callback(self._notify)

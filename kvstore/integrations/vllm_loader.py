@@ -37,6 +37,8 @@ import numpy as np
 import torch
 
 from kvstore.client import Client
+from kvstore.dataplane.placed import PlacedRows
+from kvstore.dataplane.shm_client import ShmClient
 from kvstore.errors import KVStoreError, NotFoundError
 from kvstore.integrations.load_phases import LoadPhases, LoadResult, PhaseClock
 from kvstore.integrations.loaded_prefix import loaded_prefix_len
@@ -87,6 +89,7 @@ class BlockLoader:
         self._by_layer, self._share_pages = by_layer, share_pages
         self.shared_bytes = 0  # of vLLM's pages, shared with a node on this host (`warm_up`)
         self._shared_with: Any = None  # the data-plane connection they are shared over
+        self._placed: PlacedRows | None = None  # the pages' rows placed in it, once
 
     def start_layers(self, transfer: BlockTransfer) -> LayerLoad | None:
         """Starts `transfer` straight into vLLM's pages, layer by layer, beside the forward
@@ -112,9 +115,9 @@ class BlockLoader:
             self._share_again(dataplane)  # a new connection (the node restarted)
             clock.lap("share")
         wait_s = self._client.timeout_s + LAYER_WAIT_MARGIN_S
-        return LayerLoad(
-            dataplane, transfer, self._layer_rows, self._paged.block_bytes, wait_s, clock
-        )
+        placed = self._placed if self._shared_with is dataplane else None
+        rows, block_bytes = self._layer_rows, self._paged.block_bytes
+        return LayerLoad(dataplane, transfer, rows, block_bytes, wait_s, clock, placed)
 
     def _share_again(self, dataplane: Any) -> None:
         """Shares the pages with the node of a new connection, as `warm_up` did with the
@@ -122,10 +125,19 @@ class BlockLoader:
         assert self._layer_rows is not None
         self._shared_with = dataplane
         try:
-            self.shared_bytes = self._client.share(self._layer_rows)
+            self._share_pages_with(dataplane)
         except KVStoreError as exc:  # loads still land, through the plane's staging
             log.warning("event=share_failed error=%s", type(exc).__name__)
         log.info("event=pages_shared_again bytes=%d", self.shared_bytes)
+
+    def _share_pages_with(self, dataplane: Any) -> None:
+        """Shares vLLM's pages with the node of `dataplane` (none on another host) and
+        places their rows there once for every load (`PlacedRows`)."""
+        assert self._layer_rows is not None
+        self._placed = None
+        self.shared_bytes = self._client.share(self._layer_rows)  # 0 on another host
+        if self.shared_bytes and isinstance(dataplane, ShmClient):
+            self._placed = dataplane.place(self._layer_rows)
 
     def warm_up(self, namespace_id: bytes | None = None) -> LoadPhases:
         """Connects the data plane, touches every staging page and, given a registered
@@ -137,7 +149,7 @@ class BlockLoader:
         if dataplane is not None:
             dataplane.warm_up()
         if dataplane is not None and self._layer_rows is not None and self._share_pages:
-            self.shared_bytes = self._client.share(self._layer_rows)  # 0 on another host
+            self._share_pages_with(dataplane)
             self._shared_with = dataplane if self.shared_bytes else None
             clock.lap("share")
         if not self._is_cuda:  # with a node on this host, gets land in the pool uncopied
