@@ -17,17 +17,20 @@ import logging
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench import dataplane_peers as peers
 from bench import vllm_phases, vllm_tpot
 from bench.options import extra_of
 from bench.report import Row, progress_bar
 from bench.suites import SuiteOptions
-from bench.vllm_rows import row
+from bench.vllm_engine import BLOCK_TOKENS
+from bench.vllm_rows import kv_bytes_per_token, row
 from bench.vllm_systems import ROOT, SYSTEMS, System
 
 log = logging.getLogger("bench.vllm")
@@ -45,6 +48,7 @@ SIZES = {  # quick: same rows, smaller model and prompts
 QUESTION_LEN = 32
 DEFAULT_SYSTEMS = tuple(s.name for s in SYSTEMS if s.by_default)  # without --systems
 MAX_TOKENS = 16
+DATAPLANE_GETS = 20  # calls timed for the data plane's get bandwidth (`dataplane_get_gbps`)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -114,9 +118,16 @@ def _run_engine(system: System, spec: dict[str, Any], workdir: Path, name: str) 
 
 
 def _run_system(
-    system: System, model: str, wl: dict, workdir: Path, advance: Callable[[int], None]
-) -> dict[str, list[dict]]:
-    """Per workload, the reader's records (a fresh process), after a writer if shared."""
+    system: System,
+    model: str,
+    wl: dict,
+    workdir: Path,
+    advance: Callable[[int], None],
+    store_block_bytes: int,
+) -> tuple[dict[str, list[dict]], float | None]:
+    """Per workload, the reader's records (a fresh process), after a writer if shared;
+    and for kvstore, its data plane's get bandwidth at the same block size, on the same
+    node right after (the reference of the effective load bandwidth)."""
     base = {"model": model, "connector": system.connector, "max_tokens": MAX_TOKENS}
     base["connector_extra"] = dict(system.connector_extra)
     with system.serve(workdir) as server:
@@ -131,7 +142,23 @@ def _run_system(
             spec = {**base, "sessions": sessions["reader"]}
             results[name] = _run_engine(system, spec, workdir, f"{tag}-reader")
             advance(1)
-    return results
+        get_gbps = None
+        if "store" in server:
+            get_gbps = dataplane_get_gbps(str(server["store"]), store_block_bytes)
+    return results, get_gbps
+
+
+def block_bytes(model: str) -> int:
+    """A KV block's bytes in the store for a `bench.vllm_model` size."""
+    return kv_bytes_per_token(model) * BLOCK_TOKENS
+
+
+def dataplane_get_gbps(address: str, size: int) -> float:
+    """`kvstore-bench dataplane`'s get (shared-memory buffers, batches of 64) of `size`-byte
+    blocks from the node at `address`: median GB/s of DATAPLANE_GETS calls."""
+    cell = ("get", size, 64)
+    times = peers.drive_kvstore(address, "shm", [cell], DATAPLANE_GETS)[cell]
+    return round(64 * size / statistics.median(times) / 1e9, 3)
 
 
 def _build_model(path: Path, size: str) -> None:
@@ -187,17 +214,23 @@ def run(options: SuiteOptions) -> list[Row]:
     systems = [s for s in SYSTEMS if (s.name in wanted or s is recompute) and _usable(s)]
     wl = workloads(size, doc_sizes)
     results: dict[str, dict] = {}
+    gets: dict[str, float | None] = {}
     with progress_bar("vllm", len(systems) * len(wl)) as advance:
         for system in systems:
             try:
-                results[system.name] = _run_system(system, str(model_dir), wl, workdir, advance)
+                found = _run_system(
+                    system, str(model_dir), wl, workdir, advance, block_bytes(size["model"])
+                )
+                results[system.name], gets[system.name] = found
             except (subprocess.CalledProcessError, OSError, AssertionError, TimeoutError) as exc:
                 log.warning(
                     "event=system_failed system=%s error=%r logs=%s", system.name, exc, workdir
                 )
     ref = results.get("recompute", {})
     return [
-        row(w, name, res[w], ref.get(w), size["model"]) for w in wl for name, res in results.items()
+        row(w, name, res[w], ref.get(w), size["model"], gets.get(name))
+        for w in wl
+        for name, res in results.items()
     ]
 
 

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+BLOCK_TOKENS = 32  # vLLM's block size here, unless a spec says otherwise
+
 ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
@@ -75,7 +77,7 @@ def make_llm(spec: dict[str, Any]) -> Any:
         distributed_executor_backend="uni" if in_process else None,
         model=spec["model"],
         dtype="float32",
-        block_size=spec.get("block_size", 32),
+        block_size=spec.get("block_size", BLOCK_TOKENS),
         max_model_len=spec.get("max_model_len", 2048),
         max_num_batched_tokens=spec.get("max_num_batched_tokens", 2048),
         enforce_eager=True,

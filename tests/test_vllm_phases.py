@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from bench.vllm import block_bytes, dataplane_get_gbps
 from bench.vllm_phases import parse_phases, phase_rows
 from bench.vllm_rows import kv_bytes_per_token, row
 from kvstore.errors import InvalidArgumentError
@@ -120,5 +121,19 @@ def test_rows_report_doc_tokens_and_the_load_bandwidth_over_vllms_own_cache():
     rates = sorted(1000 * per_token / s / 1e9 for s in (0.2, 0.1))
     assert got["load_gbps"] == round(sum(rates) / 2, 3)
     assert got["outputs_identical"] is True
+    assert (got["dataplane_get_gbps"], got["load_vs_get"]) == (None, None)
     rounds = row("multi-round-qa", "recompute", asks, None, "tiny")
     assert (rounds["doc_tokens"], rounds["load_gbps"]) == (None, None)
+
+
+def test_the_load_bandwidth_is_compared_with_the_data_planes_get_of_the_same_blocks(store):
+    """The kvstore row carries the data plane's get bandwidth of store blocks of the
+    model's size, measured on the node, and the effective load bandwidth over it."""
+    assert block_bytes("bench") == 16 * 1024 * 32  # 16 KiB a token, 32-token blocks
+    assert dataplane_get_gbps(store.address, 64 << 10) > 0
+    asks = [{"ttft_s": 0.2, "tpot_s": 0.01, "cached_tokens": 1000, "output": [1]}]
+    repeats = [{"ttft_s": 0.1, "tpot_s": 0.01, "cached_tokens": 1024, "output": [1]}]
+    load_gbps = round(1000 * kv_bytes_per_token("tiny") / 0.1 / 1e9, 3)
+    got = row("long-doc-qa/1024", "kvstore", asks + repeats, None, "tiny", 4 * load_gbps)
+    assert (got["load_gbps"], got["dataplane_get_gbps"]) == (load_gbps, 4 * load_gbps)
+    assert got["load_vs_get"] == 0.25
