@@ -1,13 +1,13 @@
 """Rows of memory shared with a node, checked and placed once for many gets.
 
 A get into caller buffers wraps and checks every buffer and finds where it lies in shared
-memory, per call: a few microseconds and a few Python objects per buffer. A paged KV
-cache loaded over and over (vLLM's, shared in place at start-up) is the same rows every
-time, only other ones: `ShmClient.place` does that work once for all of them, and a get
-then names its rows by number (`ShmClient.submit_get_placed`), at no cost per row. The
-objects matter as much as the time: in a process with a large heap (a vLLM worker holds
-about 700k objects, and its CPU worker does not freeze them as its GPU worker does),
-every few thousand new ones start a collection, and a full one took 340-360 ms there.
+memory, per call: microseconds and a few Python objects per buffer. A paged KV cache
+loaded over and over (vLLM's, shared in place at start-up) is the same rows every time,
+only other ones: `ShmClient.place` does that work once for all of them, and a get then
+names its rows by number (`ShmClient.submit_get_placed`), with no object per row. The
+objects matter as much as the time: in a process with a large heap (a vLLM CPU worker:
+about 700k objects, not frozen) a few thousand new ones start a collection, and a full
+one pauses every thread of the process for a third of a second.
 """
 
 from __future__ import annotations

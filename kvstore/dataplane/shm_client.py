@@ -13,6 +13,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import functools
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,9 +27,11 @@ from kvstore.dataplane.frames import Op, Reply, Request
 from kvstore.dataplane.landing import Landing, Take, copied_out, summed
 from kvstore.dataplane.placed import PlacedRows
 from kvstore.dataplane.regions import copy_summed, placement
-from kvstore.dataplane.shm_connection import CALL_BYTES, ShmConnection, log
+from kvstore.dataplane.shm_connection import CALL_BYTES, ShmConnection
 from kvstore.dataplane.ucx_server import STATUS_CODES
 from kvstore.results import ReserveResult
+
+log = logging.getLogger("kvstore.dataplane")
 
 
 class ShmClient(ShmConnection):

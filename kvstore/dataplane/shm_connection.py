@@ -12,7 +12,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import itertools
-import logging
 import mmap
 import os
 import socket
@@ -32,7 +31,6 @@ from kvstore.dataplane.landing import Landing
 from kvstore.dataplane.placed import PlacedRows
 from kvstore.dataplane.regions import Region, SharedBuffers
 
-log = logging.getLogger("kvstore.dataplane")
 T = TypeVar("T")
 Handshake = Callable[[bytes], tuple[bytes, Admission]]  # b"" -> node's socket name, mine
 KEEPALIVE_S = 30.0  # well inside the node's idle timeout (`ServerSettings.idle_timeout_s`)
