@@ -15,7 +15,7 @@ from kvstore import errors
 from kvstore.client import Client
 from kvstore.dataplane import in_place
 from kvstore.dataplane.in_place import PAGE, Window
-from kvstore.dataplane.regions import address_of
+from kvstore.dataplane.regions import Region, address_of
 from kvstore.keys import KVLayout, Namespace, block_keys
 from kvstore.server import EmbeddedServer, ServerConfig
 from kvstore.store_config import StoreConfig
@@ -90,6 +90,45 @@ def test_memory_moved_in_place_keeps_its_bytes_and_is_the_files():
     assert len(moved) >= 2  # two files, each mapped here (and by the test's own mmap)
     start, end = f"{address_of(memory):x}", f"{address_of(memory) + 6 * PAGE:x}"
     assert not any(r.startswith(start) or r.endswith(end) for s in moved.values() for r in s)
+
+
+def _mapped_bytes(address: int, nbytes: int) -> int:
+    """Bytes of [address, address + nbytes) this process has pages mapped for (Rss)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()[0]
+            if "-" in head and ":" not in head:
+                start, end = (int(x, 16) for x in head.split("-"))
+                inside = address <= start and end <= address + nbytes
+            elif head == "Rss:" and inside:
+                total += int(line.split()[1]) << 10
+    return total
+
+
+def test_first_touches_are_paid_when_memory_is_shared_not_by_the_first_copy():
+    """Memory moved in place is mapped page by page at once on this side; the node's
+    mapping of a file maps every page the file holds, and leaves its holes holes."""
+    memory = _page_aligned(8 * PAGE)
+    memory[:] = 7
+    windows: list[Window] = []
+    in_place.share([memory], 8 * PAGE, lambda fd, w: windows.extend(w), lambda *_: False)
+    assert [w.nbytes for w in windows] == [8 * PAGE]
+    assert _mapped_bytes(address_of(memory), 8 * PAGE) == 8 * PAGE
+
+    region, fd = Region.create(16 * PAGE)
+    try:
+        region.array[: 3 * PAGE] = 1  # pages 0-2 and 9 are the file's, the rest holes
+        region.array[9 * PAGE + 5] = 2
+        held = os.fstat(fd).st_blocks
+        node = Region.admit(fd, 16 * PAGE)
+        assert _mapped_bytes(address_of(node.array), node.size) == 4 * PAGE
+        assert os.fstat(fd).st_blocks == held  # nothing allocated by the node
+        assert node.array[9 * PAGE + 5] == 2 and node.array[PAGE] == 1
+        node.close()
+    finally:
+        region.close()
+        os.close(fd)
 
 
 @pytest.fixture(scope="module")

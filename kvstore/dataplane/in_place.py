@@ -3,8 +3,9 @@
 `ShmClient.buffer` makes new memory shared with the node; memory a framework allocated
 itself (vLLM's paged KV cache) cannot be made again. Its pages are moved instead, at the
 same addresses: their bytes are copied into a memfd, then the memfd is mapped over the
-same range (`MAP_FIXED`), so every pointer into it stays valid and reads see the same
-bytes, and the node, which maps the same file, copies blocks straight into it.
+same range (`MAP_FIXED`, its pages mapped at once rather than one fault each on first
+touch), so every pointer into it stays valid and reads see the same bytes, and the node,
+which maps the same file (`regions.prefault`), copies blocks straight into it.
 
     before:  [ anonymous pages of the KV cache ]
     after:   [ memfd pages, offsets 0..n       ]   the node maps the memfd too
@@ -134,7 +135,7 @@ def _move_step(fd: int, address: int, nbytes: int, offset: int) -> None:
     done = 0
     while done < nbytes:
         done += os.pwrite(fd, view[done:], offset + done)
-    flags = mmap.MAP_SHARED | _MAP_FIXED
+    flags = mmap.MAP_SHARED | _MAP_FIXED | mmap.MAP_POPULATE  # first touches paid here
     got = _libc.mmap(address, nbytes, mmap.PROT_READ | mmap.PROT_WRITE, flags, fd, offset)
     if got == _MAP_FAILED or got != address:
         err = ctypes.get_errno()

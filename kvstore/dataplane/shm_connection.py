@@ -87,11 +87,12 @@ class ShmConnection(DataPlaneClient):
     def buffer(self, nbytes: int) -> np.ndarray:
         """`nbytes` of memory shared with the node: blocks a get places there are copied
         straight in by the node, and a put's are copied straight out, with no copy on this
-        side. Raises InvalidArgumentError past the node's region limits."""
+        side. Its pages are touched here, on both sides, not on a first call. Raises
+        InvalidArgumentError past the node's region limits."""
         return self._calls.run(self._guarded, self._add_buffer, nbytes)
 
     def _add_buffer(self, nbytes: int) -> np.ndarray:
-        region = self._hand_over(self._shared.next_index, nbytes)
+        region = self._hand_over(self._shared.next_index, nbytes, touched=True)
         self._shared.add(region)
         return region.array
 
@@ -118,7 +119,7 @@ class ShmConnection(DataPlaneClient):
         self._calls.run(self._guarded, self._warm_staging)
 
     def _warm_staging(self) -> None:
-        self._room(min(2 * CALL_BYTES, self._limit)).array[:: mmap.PAGESIZE] = 0
+        self._room(min(2 * CALL_BYTES, self._limit), touched=True).array[:: mmap.PAGESIZE] = 0
 
     def _abort(self) -> None:
         self._closed.set()
@@ -178,10 +179,13 @@ class ShmConnection(DataPlaneClient):
             raise reply.error
         return reply
 
-    def _hand_over(self, index: int, nbytes: int) -> Region:
-        """A new region of `nbytes`, handed to the node at `index`."""
+    def _hand_over(self, index: int, nbytes: int, touched: bool = False) -> Region:
+        """A new region of `nbytes`, handed to the node at `index`; `touched`: every page of
+        it written first, so the node maps them all at once (`regions.prefault`)."""
         region, fd = Region.create(nbytes)
         try:
+            if touched:
+                region.array[:: mmap.PAGESIZE] = 0
             self._send_region(index, fd)
         except BaseException:
             region.close()
@@ -195,11 +199,13 @@ class ShmConnection(DataPlaneClient):
         shm_messages.send(self._sock, bytes([shm_messages.Kind.REGION, index]), [fd])
         self._reply(0)
 
-    def _room(self, nbytes: int) -> Region:
-        """The staging region, grown (and handed to the node) to hold `nbytes`."""
+    def _room(self, nbytes: int, touched: bool = False) -> Region:
+        """The staging region, grown (and handed to the node, `touched` if asked) to hold
+        `nbytes`."""
         assert self._region is not None
         if nbytes > self._region.size:
-            new = self._hand_over(0, min(max(nbytes, 2 * self._region.size), self._limit))
+            size = min(max(nbytes, 2 * self._region.size), self._limit)
+            new = self._hand_over(0, size, touched)
             self._region.close()
             self._region = new
         return self._region
