@@ -19,8 +19,8 @@ Where vLLM's pages keep each layer's part of a block contiguous in host memory (
 layout), loads need neither pool nor scatter: each layer's part lands straight in its page
 (a GET in parts, `vllm_layer_load`). With a node on this host the warm-up also shares those
 pages with it in place (`Client.share`: same addresses, same bytes, moved onto memory the
-node maps) and receives its block into every page once (all free then), so the node copies
-each part straight into vLLM's page and this side only checks it. `load` does that before
+node maps, every page mapped on both sides as it is shared), so the node copies each part
+straight into vLLM's page and this side only checks it. `load` does that before
 the forward pass; `start_layers` beside it, layer by layer.
 """
 
@@ -158,33 +158,24 @@ class BlockLoader:
         self._pool.view(torch.uint8).fill_(0)  # first touch, here rather than mid-load
         clock.lap("stage")
         num_bytes = self._pool.numel() * self._pool.element_size()
-        if dataplane is not None and namespace_id is not None:
-            blocks = [[buffer] for buffer in self._buffers]  # each staging block, whole
-            if self.shared_bytes and self._layer_rows is not None:  # and each page of vLLM's
-                num_bytes += self.shared_bytes
-                rows = self._layer_rows
-                blocks += [[layer[b] for layer in rows] for b in range(len(rows[0]))]
-            self._receive_into(dataplane, namespace_id, blocks)
+        if dataplane is not None and namespace_id is not None:  # vLLM's shared pages need
+            self._receive_into(dataplane, namespace_id, self._buffers)  # none: mapped shared
             clock.lap("transfer")
         return clock.done(0, num_bytes)
 
-    def _receive_into(
-        self, dataplane: Any, namespace_id: bytes, blocks: list[list[np.ndarray]]
-    ) -> None:
-        """One block of the process's own, received into each of `blocks` (its parts) by
-        pipelined gets (a call's keys are distinct), then removed: it takes one block of the
-        store's space, briefly. First receives into memory cost more than later ones (page
-        faults on both sides; the transport's own set-up): paid here, not mid-load."""
+    def _receive_into(self, dataplane: Any, namespace_id: bytes, blocks: list[np.ndarray]) -> None:
+        """One block of the process's own, received into each of `blocks` by pipelined gets
+        (a call's keys are distinct), then removed: it takes one block of the store's space,
+        briefly. First receives into memory cost more than later ones (page faults; the
+        transport's own set-up): paid here, not mid-load."""
         key = secrets.token_bytes(KEY_BYTES)  # no other process's block, nor a prompt's
         self._client.put(namespace_id, [key], [self._buffers[0]])
         try:
             block_bytes = self._buffers[0].nbytes
             for start in range(0, len(blocks), WARM_UP_IN_FLIGHT):
                 gets = [
-                    dataplane.submit_get_parts(
-                        namespace_id, [key], [[p] for p in parts], block_bytes
-                    )
-                    for parts in blocks[start : start + WARM_UP_IN_FLIGHT]
+                    dataplane.submit_get_parts(namespace_id, [key], [[block]], block_bytes)
+                    for block in blocks[start : start + WARM_UP_IN_FLIGHT]
                 ]
                 if not all(all(get.result()) for get in gets):
                     raise NotFoundError("the warm-up block went missing (evicted?)")
