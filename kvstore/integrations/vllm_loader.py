@@ -158,8 +158,9 @@ class BlockLoader:
         self._pool.view(torch.uint8).fill_(0)  # first touch, here rather than mid-load
         clock.lap("stage")
         num_bytes = self._pool.numel() * self._pool.element_size()
-        if dataplane is not None and namespace_id is not None:  # vLLM's shared pages need
-            self._receive_into(dataplane, namespace_id, self._buffers)  # none: mapped shared
+        if dataplane is not None and namespace_id is not None:
+            # The staging blocks only: vLLM's shared pages were mapped as they were shared.
+            self._receive_into(dataplane, namespace_id, self._buffers)
             clock.lap("transfer")
         return clock.done(0, num_bytes)
 
