@@ -82,9 +82,9 @@ def test_fresh_process_loads_prefix_another_stored_and_recomputes_corrupt_blocks
     assert second.cached_tokens == [LOADABLE, 0]  # another tenant's salt never hits
     assert second.outputs == [reference, reference]
     assert "event=load_incomplete" not in second.log
-    warm_up = r"event=load_warm_up connect_ms=\S+ share_ms=\S+ stage_ms=\S+ .* bytes=(\d+) "
+    warm_up = r"event=load_warm_up connect_ms=\S+ share_ms=\S+ stage_ms=\S+ .* shared_bytes=(\d+)"
     found = re.search(warm_up, second.log)
-    assert found and int(found.group(1)) > 131072  # the pool, and vLLM's pages shared
+    assert found and int(found.group(1)) > 0  # vLLM's pages shared with the node
     load = r"event=load_phases req=s0t0\S* mode=by_layer connect_ms=.* transfer_ms=.* blocks=10 "
     assert re.search(load, second.log)
     assert "scatter_ms" not in second.log  # no staging: straight into the pages

@@ -282,7 +282,8 @@ class KVStoreConnector(KVConnectorBase_V1):
         except KVStoreError as exc:  # unreachable now: the first load connects
             log.warning("event=warm_up_failed error=%s", type(exc).__name__)
             return
-        log.info("event=load_warm_up %s", phases.log_fields())
+        shared = self._loader.shared_bytes
+        log.info("event=load_warm_up %s shared_bytes=%d", phases.log_fields(), shared)
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         """Starts every planned load: layer by layer beside the forward pass where the
