@@ -115,9 +115,9 @@ class Region:
             self._map.close()
 
 
-def prefault(array: np.ndarray) -> int:
+def prefault(array: np.ndarray) -> None:
     """Maps every page of `array`'s mapping that its file already holds (a shared region),
-    ready for writing, and returns how many bytes that is.
+    ready for writing.
 
     A first write to a page of a shared mapping faults once per 4 KiB page (reads fault
     around, 16 pages at a time): copying 128 MiB into pages mapped but never touched here
@@ -128,15 +128,12 @@ def prefault(array: np.ndarray) -> int:
     address, nbytes = address_of(array), array.nbytes
     held = np.empty(-(-nbytes // mmap.PAGESIZE), np.uint8)
     if not nbytes or _libc.mincore(address, nbytes, held.ctypes.data) != 0:
-        return 0
+        return
     edges = np.flatnonzero(np.diff(held & 1, prepend=0, append=0))
-    done = 0
     for first, end in edges.reshape(-1, 2) * mmap.PAGESIZE:
         length = min(int(end), nbytes) - int(first)
         if _libc.madvise(address + int(first), length, _MADV_POPULATE_WRITE) != 0:
-            break
-        done += length
-    return done
+            return
 
 
 PIECE_BYTES = 512 << 10  # `copy_summed` sums each piece while a core's cache still has it

@@ -160,23 +160,23 @@ class BlockLoader:
         num_bytes = self._pool.numel() * self._pool.element_size()
         if dataplane is not None and namespace_id is not None:
             # The staging blocks only: vLLM's shared pages were mapped as they were shared.
-            self._receive_into(dataplane, namespace_id, self._buffers)
+            self._receive_into_staging(dataplane, namespace_id)
             clock.lap("transfer")
         return clock.done(0, num_bytes)
 
-    def _receive_into(self, dataplane: Any, namespace_id: bytes, blocks: list[np.ndarray]) -> None:
-        """One block of the process's own, received into each of `blocks` by pipelined gets
-        (a call's keys are distinct), then removed: it takes one block of the store's space,
-        briefly. First receives into memory cost more than later ones (page faults; the
-        transport's own set-up): paid here, not mid-load."""
+    def _receive_into_staging(self, dataplane: Any, namespace_id: bytes) -> None:
+        """One block of the process's own, received into each staging block by pipelined
+        gets (a call's keys are distinct), then removed: it takes one block of the store's
+        space, briefly. First receives into memory cost more than later ones (page faults;
+        the transport's own set-up): paid here, not mid-load."""
         key = secrets.token_bytes(KEY_BYTES)  # no other process's block, nor a prompt's
         self._client.put(namespace_id, [key], [self._buffers[0]])
         try:
             block_bytes = self._buffers[0].nbytes
-            for start in range(0, len(blocks), WARM_UP_IN_FLIGHT):
+            for start in range(0, len(self._buffers), WARM_UP_IN_FLIGHT):
                 gets = [
                     dataplane.submit_get_parts(namespace_id, [key], [[block]], block_bytes)
-                    for block in blocks[start : start + WARM_UP_IN_FLIGHT]
+                    for block in self._buffers[start : start + WARM_UP_IN_FLIGHT]
                 ]
                 if not all(all(get.result()) for get in gets):
                     raise NotFoundError("the warm-up block went missing (evicted?)")
