@@ -3,11 +3,11 @@
 One run, one machine, every peer in its own process: memcpy (the limit), a raw TCP socket,
 raw ucxx (the transport limit; also restricted to TCP), kvstore over shared memory (what a
 client on the node's host uses), over UCX, over UCX restricted to TCP (`UCX_TLS=tcp`, as
-across hosts) and over gRPC, Redis (redis-py pipeline, how LMCache's Redis backend moves KV)
-and Mooncake Store over TCP (the `peers` extra). Each row times `reps` batches of `batch`
-blocks; the targets are ratios within the run, per block size: kvstore on the same host
-against memcpy (the limit of one copy) and Mooncake Store (the peer) and, over TCP, against
-a raw TCP socket.
+across hosts without RDMA), over its own TCP plane and over gRPC, Redis (redis-py pipeline,
+how LMCache's Redis backend moves KV) and Mooncake Store over TCP (the `peers` extra).
+Each row times `reps` batches of `batch` blocks; the targets are ratios within the run, per
+block size: kvstore on the same host against memcpy (the limit of one copy) and Mooncake
+Store (the peer) and, over TCP, against a raw TCP socket.
 
 Two more rows measure what those limits leave once the checks kvstore must make are made,
 with nothing else (no store, no protocol): `shm-ceiling` (`dataplane_ceilings`: a copy into
@@ -42,8 +42,8 @@ BATCHES = (1, 64)
 OPS = ("put", "get")
 SYSTEMS = (
     "memcpy", "crc32c", "shm-ceiling", "tcp-socket", "tcp-socket-crc32c", "ucxx-raw",
-    "ucxx-raw-tcp", "kvstore-shm", "kvstore-ucx", "kvstore-ucx-tcp", "kvstore-grpc", "redis",
-    "mooncake",
+    "ucxx-raw-tcp", "kvstore-shm", "kvstore-ucx", "kvstore-ucx-tcp", "kvstore-tcp", "kvstore-grpc",
+    "redis", "mooncake",
 )  # fmt: skip
 # UCX over TCP, tuned: bigger segments and more rendezvous lanes than the defaults.
 UCX_TCP_ENV = {"UCX_TLS": "tcp", "UCX_TCP_TX_SEG_SIZE": "512k", "UCX_TCP_RX_SEG_SIZE": "512k"}
@@ -57,15 +57,18 @@ RATIOS = (
     ("get/memcpy", "kvstore-shm", "get", "memcpy", "get", 0.8, 1 << 20),
     ("get/mooncake", "kvstore-shm", "get", "mooncake", "get", 1.0, 256 << 10),
     ("ucx get/raw-ucxx", "kvstore-ucx", "get", "ucxx-raw", "get", None, 0),
-    ("tcp get/tcp-socket", "kvstore-ucx-tcp", "get", "tcp-socket", "get", 0.9, 0),
-    ("tcp put/tcp-socket", "kvstore-ucx-tcp", "put", "tcp-socket", "put", None, 0),
+    ("ucx-tcp get/tcp-socket", "kvstore-ucx-tcp", "get", "tcp-socket", "get", 0.9, 0),
+    ("ucx-tcp put/tcp-socket", "kvstore-ucx-tcp", "put", "tcp-socket", "put", None, 0),
+    ("tcp get/tcp-socket", "kvstore-tcp", "get", "tcp-socket", "get", 0.9, 0),
+    ("tcp put/tcp-socket", "kvstore-tcp", "put", "tcp-socket", "put", None, 0),
     # The ceilings: the same transfers with the checks kvstore must make and nothing else
     # (`dataplane_ceilings`, a raw socket that sums), and where they stand against the limits.
     ("put/ceiling", "kvstore-shm", "put", "shm-ceiling", "put", None, 0),
     ("get/ceiling", "kvstore-shm", "get", "shm-ceiling", "get", None, 0),
     ("ceiling put/memcpy", "shm-ceiling", "put", "memcpy", "put", None, 0),
     ("ceiling get/memcpy", "shm-ceiling", "get", "memcpy", "get", None, 0),
-    ("tcp get/tcp-crc32c", "kvstore-ucx-tcp", "get", "tcp-socket-crc32c", "get", None, 0),
+    ("ucx-tcp get/tcp-crc32c", "kvstore-ucx-tcp", "get", "tcp-socket-crc32c", "get", None, 0),
+    ("tcp get/tcp-crc32c", "kvstore-tcp", "get", "tcp-socket-crc32c", "get", None, 0),
     ("tcp-crc32c get/tcp", "tcp-socket-crc32c", "get", "tcp-socket", "get", None, 0),
 )
 
@@ -209,7 +212,8 @@ def _kvstore_server(env: dict[str, str], dataplane: str) -> Iterator[str]:
 
 
 def _run_kvstore(quick: bool, transport: str, env: dict[str, str]) -> dict:
-    with _kvstore_server(env, transport if transport in ("shm", "ucx") else "none") as address:
+    plane = transport if transport in ("shm", "ucx", "tcp") else "none"
+    with _kvstore_server(env, plane) as address:
         reps = {c: _reps(c[1], c[2], quick) for c in _cells()}
         return _drive(_kvstore_cells, address, transport, reps, env=env)
 
@@ -322,6 +326,7 @@ RUNNERS: dict[str, Callable[[bool], dict]] = {
     "kvstore-shm": lambda q: _run_kvstore(q, "shm", {}),
     "kvstore-ucx": lambda q: _run_kvstore(q, "ucx", {}),
     "kvstore-ucx-tcp": lambda q: _run_kvstore(q, "ucx", UCX_TCP_ENV),
+    "kvstore-tcp": lambda q: _run_kvstore(q, "tcp", {}),
     "kvstore-grpc": lambda q: _run_kvstore(q, "grpc", {}),
     "redis": _run_redis,
     "mooncake": _run_mooncake,

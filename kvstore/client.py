@@ -1,8 +1,9 @@
 """The blocking Python client of a store node (`AsyncClient` is its asyncio twin).
 
 Every call has a timeout and raises the typed errors of `kvstore.errors`. `get_into` and
-`put` move bytes over the UCX data plane when both ends have it (`transport="auto"`),
-straight into and out of the caller's arrays; otherwise over the portable gRPC path.
+`put` move bytes over a data plane when both ends have it (`transport="auto"`: shared
+memory on the node's host, else UCX, else TCP), straight into and out of the caller's
+arrays; otherwise over the portable gRPC path.
 
 Example:
     >>> ns = Namespace("llama-3-8b", KVLayout("float16", 32, 8, 128, 16))
@@ -69,9 +70,9 @@ class Client:
         timeout_s: deadline of every call.
         chunk_bytes: size of the byte chunks streamed on the gRPC path.
         transport: how `get_into`/`put` move bytes: "shm" (shared memory with a node on
-            this host) or "ucx" (the data plane, or raise UnavailableError), "grpc" (the
-            portable path), "auto" (shm on the node's host, else ucx when both ends have
-            it, else grpc).
+            this host), "ucx" or "tcp" (those data planes; each raises UnavailableError
+            where it cannot be had), "grpc" (the portable path), "auto" (shm on the node's
+            host, else ucx when both ends have it, else tcp, else grpc).
         auth_token: bearer token sent with every call (a node with --auth-token-file
             answers calls without a known one UNAUTHENTICATED).
         tls_ca: PEM file of the CA the node's certificate chains to: connect over TLS.
@@ -140,17 +141,18 @@ class Client:
 
     @property
     def plane(self) -> str:
-        """The path `get_into`/`put` take now: "shm", "ucx" or "grpc"."""
+        """The path `get_into`/`put` take now: "shm", "ucx", "tcp" or "grpc"."""
         dataplane = self._dataplane
         if dataplane is None or not dataplane.is_open:
             return "grpc"
-        return "shm" if isinstance(dataplane, ShmClient) else "ucx"
+        return dataplane.plane
 
     def data_plane(self) -> DataPlaneClient | None:
         """The data-plane connection `get_into`/`put` use (`kvstore.dataplane.selection`:
-        shared memory on the node's host, else UCX), made on first use; None means gRPC.
+        shared memory on the node's host, else UCX, else TCP), made on first use; None
+        means gRPC.
 
-        With transport "shm" or "ucx" raises UnavailableError where "auto" falls back to
+        With transport "shm", "ucx" or "tcp" raises UnavailableError where "auto" falls back to
         gRPC, and tries again when `dataplane_retry` says (`kvstore.dataplane.retry`).
         """
         if self.transport == "grpc":

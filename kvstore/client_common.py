@@ -18,7 +18,7 @@ from kvstore.results import PutResult, PutStatus, ReserveResult
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_CHUNK_BYTES = 1 << 20
 DEFAULT_MAX_MESSAGE_BYTES = 8 << 20
-TRANSPORT_CHOICES = ("auto", "shm", "ucx", "grpc")
+TRANSPORT_CHOICES = ("auto", "shm", "ucx", "tcp", "grpc")
 log = logging.getLogger("kvstore.client")
 
 Buffer = bytes | bytearray | memoryview | np.ndarray

@@ -48,9 +48,10 @@ class ServerConfig(TenancySettings, ListenerSecurity):
     expire_interval_s: float = option(1.0, "how often expired leases and reservations are swept")
     dataplane: str = option(
         "auto",
-        "bulk byte transports: auto (shm for clients on this host, and ucx if installed), "
-        "ucx, shm, none",
+        "bulk byte transports: auto (shm for clients on this host, ucx if installed, and tcp), "
+        "ucx, shm, tcp, none",
     )
+    dataplane_tcp_port: int = option(0, "port of the tcp data plane on --host (0 picks a free one)")
     ucx_error_handling: bool = option(
         False, "UCX peer error handling (fails fast on a dead peer, but disables shared memory)"
     )
@@ -74,12 +75,12 @@ class ServerConfig(TenancySettings, ListenerSecurity):
     metrics_port: int = option(0, "port of the Prometheus /metrics endpoint on --host (0: off)")
 
     def __post_init__(self) -> None:
-        for name in ("port", "metrics_port"):
+        for name in ("port", "metrics_port", "dataplane_tcp_port"):
             if not 0 <= getattr(self, name) < 65536:
                 raise InvalidArgumentError(f"{name} out of range: {getattr(self, name)}")
-        if self.dataplane not in ("auto", "ucx", "shm", "none"):
+        if self.dataplane not in ("auto", "ucx", "shm", "tcp", "none"):
             raise InvalidArgumentError(
-                f"dataplane must be auto, ucx, shm or none: {self.dataplane!r}"
+                f"dataplane must be auto, ucx, shm, tcp or none: {self.dataplane!r}"
             )
         if self.max_shm_region_bytes < 64 << 10:
             raise InvalidArgumentError("max_shm_region_bytes must be at least 64KiB")
@@ -114,13 +115,13 @@ def make_dataplanes(
     metrics: CallMetrics | None = None,
     tenants: Tenants | None = None,
 ) -> dict[str, DataPlaneServer]:
-    """The node's data planes by transport name: "shm" for clients on this host and "ucx"
-    (if installed, with `auto`), as `config.dataplane` says; empty when disabled."""
+    """The node's data planes by transport name: "shm" for clients on this host, "ucx" (if
+    installed, with `auto`) and "tcp", as `config.dataplane` says; empty when disabled."""
     from kvstore.dataplane import TRANSPORTS, is_available
     from kvstore.dataplane.base import ServerSettings
     from kvstore.dataplane.runtime import net_devices_for
 
-    names = {"auto": ["shm", "ucx"], "ucx": ["ucx"], "shm": ["shm"], "none": []}[config.dataplane]
+    names = {"auto": ["shm", "ucx", "tcp"], "none": []}.get(config.dataplane, [config.dataplane])
     if config.dataplane == "auto" and not is_available():
         names.remove("ucx")
     settings = ServerSettings(
@@ -133,6 +134,8 @@ def make_dataplanes(
         idle_timeout_s=config.dataplane_idle_timeout_s,
         max_region_bytes=config.max_shm_region_bytes,
         max_regions=config.max_shm_regions,
+        host=config.host,
+        tcp_port=config.dataplane_tcp_port,
     )
     planes = {name: TRANSPORTS[name].server(store, settings, metrics, tenants) for name in names}
     log.info(

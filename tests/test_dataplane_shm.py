@@ -602,7 +602,7 @@ def test_a_client_elsewhere_falls_back_and_stops_trying_shm(node):
         ({"max_shm_region_bytes": 1000}, "at least 64KiB"),
         ({"max_shm_regions": 0}, "1 to 256"),
         ({"max_shm_regions": 257}, "1 to 256"),
-        ({"dataplane": "rdma"}, "auto, ucx, shm or none"),
+        ({"dataplane": "rdma"}, "auto, ucx, shm, tcp or none"),
     ],
 )
 def test_the_shm_settings_are_checked_at_start(setting, message):

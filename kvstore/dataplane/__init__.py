@@ -1,5 +1,5 @@
 """Data plane: bulk block bytes beside the gRPC control plane, over shared memory with
-clients on the node's host and over UCX with the others (`selection`).
+clients on the node's host and over UCX or a TCP stream with the others (`selection`).
 
 `TRANSPORTS` maps a transport name to its server and client classes; the UCX ones import
 `ucxx` only when constructed, so this package imports without the `ucx` extra.
@@ -15,6 +15,8 @@ from kvstore.dataplane.base import ChecksumMismatchError, DataPlaneClient, DataP
 from kvstore.dataplane.runtime import is_available
 from kvstore.dataplane.shm_client import ShmClient
 from kvstore.dataplane.shm_server import ShmServer
+from kvstore.dataplane.tcp_client import TcpClient
+from kvstore.dataplane.tcp_server import TcpServer
 from kvstore.dataplane.ucx_client import UcxClient
 from kvstore.dataplane.ucx_server import UcxServer
 
@@ -25,7 +27,11 @@ class Transport(NamedTuple):
 
 
 TRANSPORTS: Mapping[str, Transport] = MappingProxyType(
-    {"shm": Transport(ShmServer, ShmClient), "ucx": Transport(UcxServer, UcxClient)}
+    {
+        "shm": Transport(ShmServer, ShmClient),
+        "ucx": Transport(UcxServer, UcxClient),
+        "tcp": Transport(TcpServer, TcpClient),
+    }
 )
 
 __all__ = [

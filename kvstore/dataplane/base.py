@@ -33,6 +33,8 @@ class ServerSettings:
     idle_timeout_s: float = 300.0  # and one that sends none for this long
     max_region_bytes: int = 1 << 30  # largest shared-memory region a same-host client maps
     max_regions: int = 16  # most regions one same-host connection hands over
+    host: str = "127.0.0.1"  # where the tcp plane listens (the node's --host)
+    tcp_port: int = 0  # and on which port (0: a free one)
 
 
 class Admission(NamedTuple):
@@ -76,6 +78,8 @@ class DataPlaneClient(ABC):
     After a DeadlineExceededError or UnavailableError the connection is closed and the
     caller should make a new client; the buffers of a failed get hold unspecified bytes.
     """
+
+    plane = ""  # the transport's name in `TRANSPORTS`
 
     @abstractmethod
     def submit_get_into(

@@ -1,14 +1,18 @@
-"""Which data plane a client opens: shared memory on the node's host, else UCX.
+"""Which data plane a client opens: shared memory on the node's host, else UCX, else a
+TCP stream.
 
 Transport "auto" tries "shm" first: its handshake succeeds only where the node offers it,
 and its connect only where the client reaches the node's abstract Unix socket, that is on
 the node's host and in its network namespace. A client the node admitted but that could
 not reach the socket is elsewhere and does not try shm again (an unclaimed admission costs
-the node a connection slot until its hello deadline). Then UCX, where ucxx is installed.
+the node a connection slot until its hello deadline). Then UCX, where ucxx is installed
+(RDMA where the hosts have it); then the node's tcp plane. On a network with TCP only,
+"tcp" is the faster choice (`tcp_server`).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 
@@ -17,6 +21,7 @@ from kvstore.dataplane.base import Admission, DataPlaneClient
 from kvstore.dataplane.retry import REFUSALS
 from kvstore.dataplane.runtime import client_net_devices, is_available
 from kvstore.dataplane.shm_client import ShmClient
+from kvstore.dataplane.tcp_client import TcpClient
 from kvstore.dataplane.ucx_client import UcxClient
 
 log = logging.getLogger("kvstore.dataplane")
@@ -26,7 +31,7 @@ Handshake = Callable[[str, bytes], tuple[bytes, Admission]]
 
 class Selection:
     """Opens data-plane connections to the node at `address` for transport `transport`
-    ("auto", "shm" or "ucx"), remembering what this process cannot reach."""
+    ("auto", "shm", "ucx" or "tcp"), remembering what this process cannot reach."""
 
     def __init__(self, transport: str, address: str, timeout_s: float) -> None:
         self.transport = transport
@@ -37,7 +42,9 @@ class Selection:
     @property
     def can_succeed(self) -> bool:
         """Whether a later try could connect from this process at all."""
-        return self.shm_reachable or (self.transport != "shm" and is_available())
+        if self.transport == "ucx":
+            return is_available()
+        return self.shm_reachable or self.transport in ("auto", "tcp")
 
     def open(self, handshake: Handshake) -> DataPlaneClient:
         """A new connection; raises one of REFUSALS where none can be made now."""
@@ -59,10 +66,17 @@ class Selection:
                     log.info("event=shm_unreachable address=%s error=%s", self.address, exc)
         if self.transport == "shm":
             raise errors.UnavailableError(f"the shm data plane of {self.address} is out of reach")
-        if not is_available():
+        if self.transport != "tcp" and is_available():
+            try:
+                return UcxClient(
+                    lambda client_address: handshake("ucx", client_address),
+                    self.timeout_s,
+                    net_devices=client_net_devices(self.address),
+                )
+            except REFUSALS:
+                if self.transport == "ucx":
+                    raise
+        if self.transport == "ucx":
             raise errors.UnavailableError("ucxx is not installed here")
-        return UcxClient(
-            lambda client_address: handshake("ucx", client_address),
-            self.timeout_s,
-            net_devices=client_net_devices(self.address),
-        )
+        host = self.address.rpartition(":")[0]
+        return TcpClient(functools.partial(handshake, "tcp"), self.timeout_s, host)

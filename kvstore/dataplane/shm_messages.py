@@ -87,21 +87,27 @@ def num_placements(req: Request) -> int:
     return len(req.keys) if req.op is Op.PUT else 0
 
 
-def encode_call(req: Request, offsets: Sequence[int]) -> bytes:
+def encode_call(req: Request, offsets: Sequence[int], placed: bool = True) -> bytes:
+    """A CALL; `placed`: with its placement frame (the shm plane's; the tcp plane moves
+    blocks on the socket, in the order of the call, and places nothing)."""
+    if not placed:
+        return bytes([Kind.CALL]) + frames.encode_request(req)
     assert len(offsets) == num_placements(req), "one offset per block moved"
     placements = frames.seal(struct.pack(f"<{len(offsets)}Q", *offsets))
     return bytes([Kind.CALL]) + frames.encode_request(req) + placements
 
 
-def decode_call(data: memoryview) -> tuple[Request, tuple[int, ...]]:
-    """The request and its offsets; InvalidArgumentError for anything but exactly one
-    well-formed CALL."""
+def decode_call(data: memoryview, placed: bool = True) -> tuple[Request, tuple[int, ...]]:
+    """The request and its offsets (none unless `placed`); InvalidArgumentError for
+    anything but exactly one well-formed CALL."""
     if len(data) < 1 + _LEN.size or data[0] != Kind.CALL:
         raise errors.InvalidArgumentError(f"a {len(data)}-byte message is not a call")
     (length,) = _LEN.unpack_from(data, 1)
-    if length > len(data) - 1:
+    if length > len(data) - 1 or (not placed and length != len(data) - 1):
         raise errors.InvalidArgumentError(f"call says its request has {length} bytes")
     req = frames.decode_request(data[1 : 1 + length])
+    if not placed:
+        return req, ()
     body = frames.unseal(data[1 + length :], "placement")
     expected = num_placements(req)
     if len(body) != 8 * expected:
@@ -196,9 +202,14 @@ def connect(name: bytes, timeout_s: float) -> socket.socket:
     return sock
 
 
+def framed(data: bytes) -> bytes:
+    """One message as it goes on the stream: its length, then `data`."""
+    return _LEN.pack(len(data)) + data
+
+
 def send(sock: socket.socket, data: bytes, fds: Sequence[int] = ()) -> None:
     """Sends one message (and `fds` beside it)."""
-    message = _LEN.pack(len(data)) + data
+    message = framed(data)
     if fds:
         sent = socket.send_fds(sock, [message], list(fds))
         message = message[sent:]

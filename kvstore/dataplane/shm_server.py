@@ -1,12 +1,9 @@
 """The store node's same-host side: blocks copied once, between the store's slots and a
 shared-memory region the client handed over (`regions`), on a Unix socket.
 
-Admission is the UCX plane's: the gRPC handshake (`DataPlaneInfo`, transport "shm") gives
-the client a connection id and secret and counts the connection against the same bounds
-(`connections`); the client then connects to the node's abstract Unix socket and sends
-HELLO with the secret and its region (`shm_messages`). A socket that does not say hello
-with a live connection's secret within `hello_timeout_s` is closed; an admission no socket
-claims is dropped at the same deadline; a connection silent for `idle_timeout_s` too.
+Admission, the hello and the deadlines are `socket_server`'s: the gRPC handshake
+(`DataPlaneInfo`, transport "shm") admits the client, which then connects to the node's
+abstract Unix socket and sends HELLO with the secret and its region (`shm_messages`).
 
 Per call, on the connection's own thread (calls of one connection are served in order):
 
@@ -28,22 +25,21 @@ typed error reply and change nothing; a message past the size limit ends the con
 from __future__ import annotations
 
 import contextlib
-import hmac
 import logging
 import secrets
 import socket
-import threading
 import time
 
 import numpy as np
 
 from kvstore import errors
 from kvstore.dataplane import frames, shm_messages
-from kvstore.dataplane.base import Admission, DataPlaneServer, ServerSettings
+from kvstore.dataplane.base import ServerSettings
 from kvstore.dataplane.buffers import as_transfer_buffer, host_bytes
-from kvstore.dataplane.connections import Connection, Connections
+from kvstore.dataplane.connections import Connection
 from kvstore.dataplane.frames import Op, Reply, Request
 from kvstore.dataplane.regions import Region, Regions, copy, copy_summed
+from kvstore.dataplane.socket_server import SocketServer
 from kvstore.dataplane.ucx_server import STATUS_CODES
 from kvstore.metrics import CallMetrics
 from kvstore.results import PutStatus
@@ -51,11 +47,12 @@ from kvstore.store import Store
 from kvstore.tenancy import Tenants
 
 log = logging.getLogger("kvstore.dataplane")
-REAP_PERIOD_S = 1.0
 
 
-class ShmServer(DataPlaneServer):
+class ShmServer(SocketServer):
     """Serves `store` to same-host clients over shared memory, a thread per connection."""
+
+    plane = "shm"
 
     def __init__(
         self,
@@ -64,132 +61,34 @@ class ShmServer(DataPlaneServer):
         metrics: CallMetrics | None = None,
         tenants: Tenants | None = None,
     ) -> None:
-        self.store = store
-        self.tenants = tenants or Tenants(store, None)
-        self.settings = settings or ServerSettings()
-        self.metrics = metrics  # plane "shm"
-        self._connections = Connections(self.settings)
-        self._max_message = shm_messages.max_message_bytes(store.config.max_batch_keys)
         self._name = b"\0kvstore-" + secrets.token_hex(16).encode()
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(self._name)
-        self._listener.listen(128)
-        self._lock = threading.Lock()
-        self._sockets: set[socket.socket] = set()  # open ones, said hello or not
-        self._bound: dict[int, socket.socket] = {}  # connection id -> its socket
-        self._serving: set[threading.Thread] = set()  # a thread per open socket
-        self._stopped = threading.Event()
-        self._threads = [
-            threading.Thread(target=self._accept_forever, name="kvstore-shm-accept", daemon=True),
-            threading.Thread(target=self._reap_forever, name="kvstore-shm-reap", daemon=True),
-        ]
-        for thread in self._threads:
-            thread.start()
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(self._name)
+        listener.listen(128)
+        super().__init__(store, listener, settings, metrics, tenants)
 
     @property
     def address(self) -> bytes:
         return self._name
 
-    @property
-    def num_connections(self) -> int:
-        return len(self._connections)
-
-    def connect(self, client_address: bytes, peer: str, tenant: str = "") -> Admission:
-        if client_address:
-            raise errors.InvalidArgumentError("an shm client sends no address (it connects)")
-        conn = self._connections.admit(peer, self.tenants.scope(tenant))
-        log.info("event=shm_admit client=%d peer=%s", conn.client_id, peer)
-        return Admission(conn.client_id, conn.tags.secret)
-
-    def stop(self) -> None:
-        self._stopped.set()
-        with contextlib.suppress(OSError):
-            self._listener.shutdown(socket.SHUT_RDWR)
-        self._listener.close()
-        for thread in self._threads:
-            thread.join(timeout=self.settings.timeout_s)
-        with self._lock:
-            open_sockets, serving = list(self._sockets), list(self._serving)
-        for sock in open_sockets:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)  # its thread wakes, ends its call, exits
-        for thread in serving:
-            thread.join(timeout=self.settings.timeout_s)
-        for client_id in self._connections.ids():
-            self._connections.pop(client_id)
-
-    def reap(self, now: float | None = None) -> int:
-        """Drops connections past their deadline: admissions no socket claimed in time and
-        silent sockets. Runs every second on its own; returns how many."""
-        now = time.monotonic() if now is None else now
-        late = self._connections.late(now)
-        for client_id in late:
-            self._connections.pop(client_id)
-            with self._lock:
-                sock = self._bound.pop(client_id, None)
-            if sock is not None:
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-            log.info("event=shm_disconnect client=%d reason=idle", client_id)
-        return len(late)
-
-    def _reap_forever(self) -> None:
-        while not self._stopped.wait(REAP_PERIOD_S):
-            self.reap()
-
-    def _accept_forever(self) -> None:
-        while True:
-            try:
-                sock, _ = self._listener.accept()
-            except OSError:
-                return  # stopped
-            thread = threading.Thread(
-                target=self._serve, args=(sock,), name="kvstore-shm-conn", daemon=True
-            )
-            with self._lock:
-                crowded = len(self._sockets) >= self.settings.max_connections
-                if not crowded:
-                    self._sockets.add(sock)
-                    self._serving.add(thread)
-            if crowded:  # sockets that never say hello are bounded like connections
-                sock.close()
-                continue
-            thread.start()
-
     # -- a connection --------------------------------------------------------------------
 
-    def _serve(self, sock: socket.socket) -> None:
-        conn: Connection | None = None
+    def _session(self, sock: socket.socket, claimed: list[Connection]) -> None:
         regions = Regions(self.settings.max_regions)
         try:
-            sock.settimeout(self.settings.hello_timeout_s)
             conn = self._hello(sock, regions)
+            claimed.append(conn)
             sock.settimeout(self.settings.idle_timeout_s)
             while not self._stopped.is_set():
-                data, fds = shm_messages.receive(sock, self._max_message)
-                conn.deadline = time.monotonic() + self.settings.idle_timeout_s
+                data, fds = self._next_message(sock, conn)
                 if data[:1] == bytes([shm_messages.Kind.REGION]):
                     self._new_region(sock, regions, data, fds)
                     continue
                 shm_messages.close_all(fds)
                 if not self._call(sock, conn, regions, data):
                     return  # CLOSE
-        except (OSError, ConnectionError, errors.KVStoreError) as exc:
-            # The peer went, fell silent, sent a message past the limit or a bad hello.
-            client = conn.client_id if conn is not None else "-"
-            log.info("event=shm_disconnect client=%s reason=%s", client, exc)
-        except Exception:
-            log.exception("event=shm_error")
         finally:
             regions.close()
-            if conn is not None:
-                self._connections.pop(conn.client_id)
-                with self._lock:
-                    self._bound.pop(conn.client_id, None)
-            with self._lock:
-                self._sockets.discard(sock)
-                self._serving.discard(threading.current_thread())
-            sock.close()
 
     def _hello(self, sock: socket.socket, regions: Regions) -> Connection:
         """The connection a socket's HELLO claims (its region put in `regions` at 0); raises
@@ -197,20 +96,13 @@ class ShmServer(DataPlaneServer):
         data, fds = shm_messages.receive(sock, self._max_message)
         try:
             client_id, secret = shm_messages.decode_hello(data)
-            conn = self._connections.get(client_id)
-            with self._lock:
-                claimed = client_id in self._bound
-                if conn is None or claimed or not hmac.compare_digest(secret, conn.tags.secret):
-                    raise errors.PermissionDeniedError("no data-plane connection has that secret")
-                self._bound[client_id] = sock
+            conn = self._claim(sock, client_id, secret)
             try:
                 if len(fds) != 1:
                     raise errors.InvalidArgumentError(f"a hello carries one region, not {len(fds)}")
                 region = Region.admit(fds[0], self.settings.max_region_bytes)
             except errors.KVStoreError:  # the secret's holder is broken: its admission ends
-                self._connections.pop(client_id)
-                with self._lock:
-                    self._bound.pop(client_id, None)
+                self._drop(client_id)
                 raise
             regions.set(0, region)
         except errors.KVStoreError as exc:
@@ -287,7 +179,7 @@ class ShmServer(DataPlaneServer):
         try:
             hits = [i for i, v in enumerate(lease.views) if v is not None]
             flags = frames.flags_of(lease.found)
-            blocks = {i: _slot_bytes(lease.views[i]) for i in hits}
+            blocks = {i: slot_bytes(lease.views[i]) for i in hits}
             _copy_noting(sock, req, targets, blocks, tuple(flags) * req.segments)
             sums = tuple(lease.checksums[i] for i in hits)
         finally:
@@ -379,7 +271,7 @@ class _Sums:
                 self.read()
 
 
-def _slot_bytes(view: object) -> np.ndarray:
+def slot_bytes(view: object) -> np.ndarray:
     """A leased block's bytes on the host: a DRAM slot as is, an HBM block copied off."""
     if isinstance(view, memoryview):
         return np.frombuffer(view, np.uint8)

@@ -44,6 +44,8 @@ class UcxClient(DataPlaneClient):
     `net_devices`: UCX_NET_DEVICES of this client's worker ("lo" keeps it on loopback).
     """
 
+    plane = "ucx"
+
     def __init__(
         self,
         handshake: Handshake,

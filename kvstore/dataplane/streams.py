@@ -1,0 +1,81 @@
+"""Block bytes on a stream socket (the tcp plane): many buffers per system call, each byte
+copied once, by the kernel, between the socket and the caller's memory.
+
+Every function raises ConnectionError if the peer closes the stream, and TimeoutError
+(an OSError) once `deadline` (monotonic seconds) has passed with bytes still to move: a
+peer that takes or sends a byte now and then cannot stretch a transfer past it. The
+socket's own timeout is as it was when they return.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+SCRATCH_BYTES = 1 << 20  # what bytes nobody keeps are received into, a piece at a time
+_MAX_IOV = 512  # buffers per sendmsg/recvmsg_into (Linux takes up to IOV_MAX, 1024)
+
+
+def send_all(sock: socket.socket, views: Sequence[memoryview], deadline: float) -> None:
+    """Sends every byte of `views`, in order."""
+    pending = [v for v in views if v.nbytes]
+    with _until(sock, deadline) as wait:
+        while pending:
+            wait()
+            pending = _advance(pending, sock.sendmsg(pending[:_MAX_IOV]))
+
+
+def receive_all(sock: socket.socket, views: Sequence[memoryview], deadline: float) -> None:
+    """Fills every byte of `views`, in order."""
+    pending = [v for v in views if v.nbytes]
+    with _until(sock, deadline) as wait:
+        while pending:
+            wait()
+            got, _, _, _ = sock.recvmsg_into(pending[:_MAX_IOV])
+            if got == 0:
+                raise ConnectionError("the peer closed the connection")
+            pending = _advance(pending, got)
+
+
+def drain(sock: socket.socket, nbytes: int, scratch: bytearray, deadline: float) -> None:
+    """Receives `nbytes` into `scratch`, a piece at a time, and keeps none of them."""
+    into = memoryview(scratch)
+    with _until(sock, deadline) as wait:
+        while nbytes:
+            wait()
+            got = sock.recv_into(into, min(nbytes, len(into)))
+            if got == 0:
+                raise ConnectionError("the peer closed the connection")
+            nbytes -= got
+
+
+@contextlib.contextmanager
+def _until(sock: socket.socket, deadline: float) -> Iterator[Callable[[], None]]:
+    """A `wait()` that sets the socket's timeout to what is left until `deadline` (raising
+    TimeoutError if nothing is); the socket's timeout is put back after."""
+    saved = sock.gettimeout()
+
+    def wait() -> None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the transfer deadline passed")
+        sock.settimeout(left)
+
+    try:
+        yield wait
+    finally:
+        sock.settimeout(saved)
+
+
+def _advance(views: list[memoryview], nbytes: int) -> list[memoryview]:
+    """`views` without their first `nbytes` bytes."""
+    i = 0
+    while nbytes and nbytes >= views[i].nbytes:
+        nbytes -= views[i].nbytes
+        i += 1
+    rest = views[i:]
+    if nbytes:
+        rest[0] = rest[0][nbytes:]
+    return rest

@@ -1,0 +1,191 @@
+"""The client's TCP calls, over one stream socket to a node (`tcp_server`, over
+`socket_connection`).
+
+A get's blocks are received straight into the caller's buffers (host memory; device
+buffers through a host copy) and checked against the node's CRC32C as they land: a block
+that does not match is a miss, never found. A put sends the caller's buffers as they are
+and sums each one while the node receives it (SUMS follows the blocks); the node commits
+only if its copy matches.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import socket
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from kvstore import errors
+from kvstore.checksum import checksum
+from kvstore.dataplane import frames, shm_messages, streams
+from kvstore.dataplane.base import Admission
+from kvstore.dataplane.buffers import TransferBuffer, host_bytes, write_host_bytes
+from kvstore.dataplane.frames import Op, Request
+from kvstore.dataplane.socket_connection import Handshake, SocketConnection
+from kvstore.dataplane.ucx_server import STATUS_CODES
+from kvstore.results import ReserveResult
+
+log = logging.getLogger("kvstore.dataplane")
+_WILDCARDS = ("", "0.0.0.0", "::", "[::]")
+
+
+class TcpClient(SocketConnection):
+    """Gets into and puts from caller buffers on a TCP stream to the node's tcp plane;
+    `host` is where this process reached the node's gRPC service (used where the node
+    listens on every interface)."""
+
+    plane = "tcp"
+    placed = False
+
+    def __init__(self, handshake: Handshake, timeout_s: float = 30.0, host: str = "") -> None:
+        self._host = host
+        super().__init__(handshake, timeout_s)
+
+    def _connect(self, server_address: bytes) -> socket.socket:
+        host, sep, port = server_address.decode("ascii", "replace").rpartition(":")
+        if not sep or not port.isdigit():
+            raise errors.UnavailableError(f"the node's tcp address {server_address!r} is malformed")
+        if host in _WILDCARDS and self._host:
+            host = self._host
+        sock = socket.create_connection((host.strip("[]"), int(port)), self.timeout_s)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+
+    def _hello(self, admission: Admission) -> None:
+        assert self._sock is not None
+        shm_messages.send(
+            self._sock, shm_messages.encode_hello(admission.client_id, admission.secret)
+        )
+        self._reply(0)
+
+    def submit_get_into(
+        self, namespace_id: bytes, keys: Sequence[bytes], buffers: Sequence[Any], block_bytes: int
+    ) -> concurrent.futures.Future[tuple[bool, ...]]:
+        bufs = self._checked(keys, buffers, block_bytes, writable=True)
+        return self._submit(self._get, namespace_id, tuple(keys), [bufs], block_bytes, None)
+
+    def get_into(
+        self, namespace_id: bytes, keys: Sequence[bytes], buffers: Sequence[Any], block_bytes: int
+    ) -> tuple[bool, ...]:
+        """`submit_get_into`, waited for: on this thread when no call is queued."""
+        bufs = self._checked(keys, buffers, block_bytes, writable=True)
+        args = (namespace_id, tuple(keys), [bufs], block_bytes, None)
+        return self._calls.run(self._guarded, self._get, *args)
+
+    def submit_get_parts(
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        parts: Sequence[Sequence[Any]],
+        block_bytes: int,
+        on_part: Callable[[int], None] | None = None,
+    ) -> concurrent.futures.Future[tuple[bool, ...]]:
+        frames.check_segments(len(keys), block_bytes, len(parts))
+        size = block_bytes // len(parts)
+        bufs = [self._checked(keys, part, size, writable=True) for part in parts]
+        return self._submit(self._get, namespace_id, tuple(keys), bufs, block_bytes, on_part)
+
+    def submit_put(
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        blocks: Sequence[Any],
+        parents: Sequence[bytes | None] | None,
+        block_bytes: int,
+    ) -> concurrent.futures.Future[ReserveResult]:
+        bufs = self._checked(keys, blocks, block_bytes, writable=False)
+        parents_t = tuple(parents) if parents is not None else None
+        return self._submit(self._put, namespace_id, tuple(keys), bufs, parents_t, block_bytes)
+
+    def put(
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        blocks: Sequence[Any],
+        parents: Sequence[bytes | None] | None,
+        block_bytes: int,
+    ) -> ReserveResult:
+        """`submit_put`, waited for: on this thread when no call is queued."""
+        bufs = self._checked(keys, blocks, block_bytes, writable=False)
+        parents_t = tuple(parents) if parents is not None else None
+        args = (namespace_id, tuple(keys), bufs, parents_t, block_bytes)
+        return self._calls.run(self._guarded, self._put, *args)
+
+    # -- protocol (the lock held) --------------------------------------------------------
+
+    def _get(
+        self,
+        namespace_id: bytes,
+        keys: tuple[bytes, ...],
+        parts: list[list[TransferBuffer]],
+        block_bytes: int,
+        on_part: Callable[[int], None] | None,
+    ) -> tuple[bool, ...]:
+        """`parts[s][i]`: where part s of key i lands; `on_part(s)` once every part s has.
+        Each block is checked when its last part has landed."""
+        assert self._sock is not None
+        deadline = time.monotonic() + self.timeout_s
+        segments = len(parts)
+        req = Request(Op.GET, next(self._ids), namespace_id, keys, block_bytes, segments=segments)
+        self._send(req, ())
+        reply = self._reply(len(keys), None, True)
+        hits = [i for i, flag in enumerate(reply.flags) if flag]
+        into = [[_Landing(parts[s][i]) for i in hits] for s in range(segments)]
+        crcs = [0] * len(hits)
+        for s in range(segments):
+            streams.receive_all(self._sock, [landing.view for landing in into[s]], deadline)
+            for k, landing in enumerate(into[s]):
+                crcs[k] = checksum(landing.view, crcs[k])
+                landing.done()
+            if on_part is not None:
+                on_part(s)
+        found = [False] * len(keys)
+        for k, i in enumerate(hits):
+            found[i] = crcs[k] == reply.checksums[k]
+        failures = len(hits) - sum(found)
+        if failures:
+            self.checksum_failures += failures
+            log.warning("event=tcp_checksum_failure client=%d blocks=%d", self.client_id, failures)
+        return tuple(found)
+
+    def _put(
+        self,
+        namespace_id: bytes,
+        keys: tuple[bytes, ...],
+        bufs: list[TransferBuffer],
+        parents: tuple[bytes | None, ...] | None,
+        block_bytes: int,
+    ) -> ReserveResult:
+        """Eager: the call, every block (each summed once the socket has taken it, while
+        the node receives it), then their SUMS."""
+        assert self._sock is not None
+        deadline = time.monotonic() + self.timeout_s
+        req = Request(Op.PUT, next(self._ids), namespace_id, keys, block_bytes, parents)
+        self._send(req._replace(checksums=(0,) * len(keys), eager=True), ())
+        sums = []
+        for buf in bufs:
+            data = memoryview(host_bytes(buf)).cast("B")
+            streams.send_all(self._sock, [data], deadline)
+            sums.append(checksum(data))
+        shm_messages.send(self._sock, shm_messages.encode_sums(req.request_id, sums))
+        reply = self._reply(len(keys))
+        if any(f >= len(STATUS_CODES) for f in reply.flags):
+            raise ConnectionError("data-plane put reply is malformed")
+        return ReserveResult(reply.reservation_id, tuple(STATUS_CODES[f] for f in reply.flags))
+
+
+class _Landing:
+    """Where one part of a block is received: the caller's host memory itself, or for a
+    device buffer a host copy written to the device once the part is in (`done`)."""
+
+    def __init__(self, buf: TransferBuffer) -> None:
+        self._buf = buf
+        self.view: memoryview = np.empty(buf.nbytes, np.uint8).data if buf.is_device else buf.obj
+
+    def done(self) -> None:
+        if self._buf.is_device:
+            write_host_bytes(self._buf, np.frombuffer(self.view, np.uint8))

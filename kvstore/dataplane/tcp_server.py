@@ -1,0 +1,204 @@
+"""The store node's TCP side: blocks move on the connection's own stream socket, straight
+between the store's slots and the socket, for clients on any host (`tcp_client`).
+
+UCX over TCP pays a message (and a tag match) per block, and a rendezvous for large ones;
+a stream has no message boundary to pay for, so small blocks cost what large ones cost
+per byte, and a block is one kernel copy on each side.
+
+Admission, the hello and the deadlines are `socket_server`'s: the gRPC handshake
+(`DataPlaneInfo`, transport "tcp") admits the client, which then connects to the node's
+TCP listener and sends HELLO with the secret (`shm_messages`, no region). Per call, in
+order (calls of one connection are served one at a time), the messages of `shm_messages`
+without placements, and raw block bytes between them:
+
+    GET  client -> CALL; the node leases the blocks, -> REPLY (found flags and each found
+         block's CRC32C), -> the bytes of every found block, one after another (part-major
+         for a GET in parts: part 0 of each, then part 1, ...), straight from the slots;
+         the lease ends when the socket has taken them all or the transfer deadline
+         passes. The client checks every block against its CRC32C.
+    PUT  client -> CALL (eager, always) -> the bytes of every block -> SUMS. The node
+         reserves, receives each reserved block straight into its slot and sums the slot,
+         receives the others (present, in flight, or all when the call is refused) into
+         scratch and drops them, commits if every sum matches SUMS, else aborts;
+         -> REPLY (statuses or the error).
+
+A CALL that does not decode ends the connection after its error reply: whether block bytes
+follow it is unknown, so the stream is out of step (only a holder of the secret can send
+one, so its client is broken). Every other refusal is a typed error reply on a stream kept
+in step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import time
+
+from kvstore import errors
+from kvstore.checksum import checksum
+from kvstore.dataplane import frames, shm_messages, streams
+from kvstore.dataplane.base import ServerSettings
+from kvstore.dataplane.connections import Connection
+from kvstore.dataplane.frames import Op, Reply, Request
+from kvstore.dataplane.shm_server import slot_bytes
+from kvstore.dataplane.socket_server import SocketServer
+from kvstore.dataplane.ucx_server import STATUS_CODES
+from kvstore.metrics import CallMetrics
+from kvstore.results import PutStatus
+from kvstore.store import Store
+from kvstore.tenancy import Tenants
+
+log = logging.getLogger("kvstore.dataplane")
+
+
+class TcpServer(SocketServer):
+    """Serves `store` over TCP on `settings.host`, port `settings.tcp_port` (0: a free
+    one), a thread per connection."""
+
+    plane = "tcp"
+
+    def __init__(
+        self,
+        store: Store,
+        settings: ServerSettings | None = None,
+        metrics: CallMetrics | None = None,
+        tenants: Tenants | None = None,
+    ) -> None:
+        settings = settings or ServerSettings()
+        family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+        listener = socket.create_server(
+            (settings.host, settings.tcp_port), family=family, backlog=128
+        )
+        port = listener.getsockname()[1]
+        self._address = f"{settings.host}:{port}".encode()
+        # Where bytes nobody keeps land: written by every connection at once, read by none.
+        self._scratch = bytearray(streams.SCRATCH_BYTES)
+        super().__init__(store, listener, settings, metrics, tenants)
+
+    @property
+    def address(self) -> bytes:
+        """ "host:port" of the listener; a client replaces a wildcard host with the host it
+        reached the node's gRPC service at."""
+        return self._address
+
+    # -- a connection --------------------------------------------------------------------
+
+    def _session(self, sock: socket.socket, claimed: list[Connection]) -> None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = self._hello(sock)
+        claimed.append(conn)
+        sock.settimeout(self.settings.idle_timeout_s)
+        while not self._stopped.is_set():
+            data, _ = self._next_message(sock, conn)
+            if not self._call(sock, conn, data):
+                return  # CLOSE
+
+    def _hello(self, sock: socket.socket) -> Connection:
+        """The connection a socket's HELLO claims; raises InvalidArgumentError or
+        PermissionDeniedError (replied to the socket) otherwise."""
+        data, _ = shm_messages.receive(sock, self._max_message)
+        try:
+            conn = self._claim(sock, *shm_messages.decode_hello(data))
+        except errors.KVStoreError as exc:
+            with contextlib.suppress(OSError):
+                shm_messages.send(sock, shm_messages.encode_reply(Reply(error=exc)))
+            raise
+        conn.deadline = time.monotonic() + self.settings.idle_timeout_s
+        shm_messages.send(sock, shm_messages.encode_reply(Reply()))
+        log.info("event=tcp_connect client=%d", conn.client_id)
+        return conn
+
+    def _call(self, sock: socket.socket, conn: Connection, data: memoryview) -> bool:
+        """Serves one CALL; False once the client said CLOSE. Raises (ending the
+        connection) for a CALL that does not decode, after replying its error."""
+        start = time.perf_counter()
+        try:
+            req, _ = shm_messages.decode_call(data, placed=False)
+        except errors.KVStoreError as exc:
+            shm_messages.send(sock, shm_messages.encode_reply(Reply(error=exc)))
+            log.info("event=tcp_bad_frame client=%d error=%s", conn.client_id, exc)
+            raise
+        op = req.op.name.lower()
+        if req.op is Op.CLOSE:
+            return False
+        if req.op is Op.PING:
+            return True
+        try:
+            if req.op is Op.GET:
+                self._get(sock, conn, req)  # sends its own reply, then the bytes
+            else:
+                reply = self._put(sock, conn, req)
+                shm_messages.send(sock, shm_messages.encode_reply(reply))
+        except errors.KVStoreError as exc:
+            shm_messages.send(sock, shm_messages.encode_reply(Reply(error=exc)))
+            if self.metrics is not None:
+                self.metrics.rejected.labels("tcp", op, type(exc).__name__).inc()
+        if self.metrics is not None:
+            self.metrics.observe("tcp", op, time.perf_counter() - start, None)
+        return True
+
+    def _get(self, sock: socket.socket, conn: Connection, req: Request) -> None:
+        """Replies, then sends the found blocks' bytes (a refusal raises before either)."""
+        conn.check_block_bytes(req)
+        lease = conn.store.acquire(req.namespace_id, req.keys, True, conn.peer)
+        try:
+            hits = [i for i, v in enumerate(lease.views) if v is not None]
+            sums = tuple(lease.checksums[i] for i in hits)
+            reply = Reply(frames.flags_of(lease.found), 0, req.block_bytes, checksums=sums)
+            size = req.block_bytes // req.segments
+            blocks = [slot_bytes(lease.views[i]).data for i in hits]
+            units = [b[s * size : (s + 1) * size] for s in range(req.segments) for b in blocks]
+            deadline = time.monotonic() + self.settings.timeout_s  # for a client not reading
+            streams.send_all(
+                sock,
+                [memoryview(shm_messages.framed(shm_messages.encode_reply(reply))), *units],
+                deadline,
+            )
+        finally:
+            conn.store.release(lease.lease_id)
+        if self.metrics is not None:
+            self.metrics.moved("tcp", "get", 0, len(hits) * req.block_bytes)
+
+    def _put(self, sock: socket.socket, conn: Connection, req: Request) -> Reply:
+        """Receives an eager PUT's blocks and its SUMS (into scratch where not reserved, all
+        of them when refused: the stream stays in step), commits if every sum matches."""
+        if not req.eager:
+            raise errors.InvalidArgumentError("a tcp put sends its blocks behind its call")
+        deadline = time.monotonic() + self.settings.timeout_s
+        try:
+            conn.check_block_bytes(req)
+            reserved = conn.store.reserve(req.namespace_id, req.keys, req.parents, conn.peer)
+        except errors.KVStoreError:
+            streams.drain(sock, len(req.keys) * req.block_bytes, self._scratch, deadline)
+            self._read_sums(sock, req)
+            raise
+        rid = reserved.reservation_id
+        todo = {i for i, s in enumerate(reserved.statuses) if s is PutStatus.RESERVED}
+        try:
+            views = conn.store.reservation_views(rid, conn.peer) if todo else {}
+            crcs = {}
+            for i in range(len(req.keys)):  # summed from the node's copy, as it lands
+                if i in todo:
+                    slot = memoryview(views[i]).cast("B")
+                    streams.receive_all(sock, [slot], deadline)
+                    crcs[i] = checksum(slot)
+                else:
+                    streams.drain(sock, req.block_bytes, self._scratch, deadline)
+            conn.store.commit(rid, self._read_sums(sock, req), conn.peer, written=crcs)
+        except BaseException:
+            with contextlib.suppress(errors.KVStoreError):
+                conn.store.abort(rid, conn.peer)
+            raise
+        if self.metrics is not None:
+            self.metrics.moved("tcp", "put", len(todo) * req.block_bytes, 0)
+        return Reply(tuple(STATUS_CODES.index(s) for s in reserved.statuses), rid, req.block_bytes)
+
+    def _read_sums(self, sock: socket.socket, req: Request) -> tuple[int, ...]:
+        """The SUMS message behind an eager PUT's blocks; InvalidArgumentError if the next
+        message is not exactly that."""
+        try:
+            data, _ = shm_messages.receive(sock, self._max_message)
+        except errors.InvalidArgumentError as exc:  # past the limit: the stream is out of step
+            raise ConnectionError(str(exc)) from exc
+        return shm_messages.decode_sums(data, req)

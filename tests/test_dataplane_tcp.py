@@ -1,0 +1,384 @@
+"""The TCP data plane (a stream socket per connection) against well-behaved clients and
+hostile ones: the same bytes as the other paths, corrupted blocks refused, refusals that
+keep the stream in step, and malformed hellos and calls answered with a typed error and the
+connection closed while the node keeps serving, holding no lease or reservation it should
+not. The adversary is a raw TCP socket speaking `shm_messages`; it never learns another
+connection's secret.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+
+import grpc
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvstore import errors
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.checksum import checksum
+from kvstore.client import Client
+from kvstore.dataplane import frames, shm_messages, streams
+from kvstore.dataplane.frames import Op, Reply, Request
+from kvstore.dataplane.tcp_client import TcpClient
+from kvstore.keys import KVLayout, Namespace, block_keys
+from kvstore.server import EmbeddedServer, ServerConfig
+from kvstore.store_config import StoreConfig
+from tests.conftest import wait_until
+
+NS = Namespace("llama-tcp", KVLayout("float16", 4, 2, 64, 16))  # 32 KiB blocks
+
+
+def _chain(n: int, seed: int) -> list[bytes]:
+    return block_keys(NS, np.arange(n * NS.block_tokens) + seed * 1_000_000)
+
+
+def _blocks(n: int, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 256, NS.block_bytes, dtype=np.uint8) for _ in range(n)]
+
+
+def _node(host: str = "127.0.0.1") -> EmbeddedServer:
+    config = ServerConfig(
+        host=host,
+        port=0,
+        dataplane="tcp",
+        max_dataplane_connections_per_peer=4,
+        dataplane_hello_timeout_s=2.0,
+        transfer_timeout_s=2.0,
+    )
+    store = StoreConfig(dram_bytes=64 << 20, slab_bytes=1 << 20, max_batch_keys=64)
+    return EmbeddedServer(store, config)
+
+
+@pytest.fixture(scope="module")
+def node():
+    with _node() as server:
+        with Client(server.address, transport="grpc") as client:
+            client.register_namespace(NS)
+        yield server
+
+
+def _client(node, transport: str = "tcp") -> Client:
+    client = Client(node.address, timeout_s=10.0, transport=transport)
+    client.register_namespace(NS)
+    return client
+
+
+def _quiet(node) -> None:
+    """Nothing left open: no lease, no reservation, no connection of a closed client."""
+    with _client(node, "grpc") as client:
+        wait_until(
+            lambda: (client.stats().num_leases, client.stats().num_reservations) == (0, 0),
+            10.0,
+            "the node ends every lease and reservation",
+        )
+
+
+def _round_trip_works(node, seed: int) -> None:
+    keys, blocks = _chain(4, seed), _blocks(4, seed)
+    with _client(node) as client:
+        client.put_chain(NS.id, keys, blocks)
+        out = [np.zeros(NS.block_bytes, np.uint8) for _ in keys]
+        assert client.get_into(NS.id, keys, out) == (True,) * 4
+        assert all((o == b).all() for o, b in zip(out, blocks, strict=True))
+        client.remove(NS.id, keys)
+    _quiet(node)
+
+
+def test_tcp_moves_the_bytes_the_other_paths_read(node):
+    keys, blocks = _chain(8, 1), _blocks(8, 1)
+    with _client(node) as tcp, _client(node, "grpc") as grpc_client:
+        assert isinstance(tcp.data_plane(), TcpClient)
+        assert tcp.put_chain(NS.id, keys, blocks).num_stored == 8
+        assert [bytes(b) for b in grpc_client.get(NS.id, keys).blocks] == [
+            b.tobytes() for b in blocks
+        ]
+        out = [np.zeros(NS.block_bytes, np.uint8) for _ in keys]
+        missed = np.full(NS.block_bytes, 7, np.uint8)
+        assert tcp.get_into(NS.id, [*keys, _chain(1, 99)[0]], [*out, missed]) == (
+            (True,) * 8 + (False,)
+        )
+        assert all((o == b).all() for o, b in zip(out, blocks, strict=True))
+        assert (missed == 7).all()  # a missed key's buffer is left as it was
+        assert tcp.put_chain(NS.id, keys, blocks).num_present == 8  # present: none stored
+        # In parts: part s of every block lands in parts[s], in order.
+        parts = [[np.zeros(NS.block_bytes // 4, np.uint8) for _ in keys] for _ in range(4)]
+        seen = []
+        got = tcp.data_plane().submit_get_parts(NS.id, keys, parts, NS.block_bytes, seen.append)
+        assert got.result(timeout=10) == (True,) * 8
+        assert seen == [0, 1, 2, 3]
+        for i, block in enumerate(blocks):
+            assert (np.concatenate([p[i] for p in parts]) == block).all()
+        tcp.remove(NS.id, keys)
+    _quiet(node)
+
+
+def test_a_partly_present_put_stores_the_rest_and_reads_what_it_drops(node):
+    """Present blocks still travel (a put is eager) but are received into scratch: the
+    stored ones are the new bytes, the present ones keep theirs, and the stream stays in
+    step for the next call."""
+    keys, blocks = _chain(4, 2), _blocks(4, 2)
+    with _client(node) as client, _client(node, "grpc") as grpc_client:
+        client.put_chain(NS.id, keys[:2], blocks[:2])
+        altered = [b ^ 1 for b in blocks[:2]]  # what a re-put of present keys carries
+        result = client.data_plane().put(NS.id, keys, [*altered, *blocks[2:]], None, NS.block_bytes)
+        assert [s.name for s in result.statuses] == ["PRESENT", "PRESENT", "RESERVED", "RESERVED"]
+        assert [bytes(b) for b in grpc_client.get(NS.id, keys).blocks] == [
+            b.tobytes() for b in blocks
+        ]
+        _round_trip_works(node, seed=3)
+        client.remove(NS.id, keys)
+    _quiet(node)
+
+
+def test_a_corrupted_block_is_never_accepted_by_the_client(node):
+    keys, blocks = _chain(3, 3), _blocks(3, 3)
+    with _client(node) as client:
+        client.put_chain(NS.id, keys, blocks)
+        lease = node.store.acquire(NS.id, keys[1:2])
+        lease.views[0][100] ^= 0xFF  # flip a byte behind the store's back
+        node.store.release(lease.lease_id)
+        out = [np.zeros(NS.block_bytes, np.uint8) for _ in keys]
+        assert client.get_into(NS.id, keys, out) == (True, False, True)
+        assert (out[0] == blocks[0]).all() and (out[2] == blocks[2]).all()
+        assert client.data_plane().checksum_failures == 1
+        parts = [[np.zeros(NS.block_bytes // 4, np.uint8) for _ in keys] for _ in range(4)]
+        got = client.data_plane().submit_get_parts(NS.id, keys, parts, NS.block_bytes)
+        assert got.result(timeout=10) == (True, False, True)
+        assert client.data_plane().checksum_failures == 2
+        client.remove(NS.id, keys)
+
+
+def test_refused_calls_get_typed_errors_and_the_connection_goes_on(node):
+    keys, blocks = _chain(2, 4), _blocks(2, 4)
+    with _client(node) as client:
+        dp = client.data_plane()
+        with pytest.raises(errors.UnknownNamespaceError):
+            dp.put(b"\1" * 16, keys, blocks, None, NS.block_bytes)
+        with pytest.raises(errors.UnknownNamespaceError):
+            dp.get_into(b"\1" * 16, keys, blocks, NS.block_bytes)
+        small = [b[: NS.block_bytes // 2] for b in blocks]
+        with pytest.raises(errors.IncompleteWriteError):
+            dp.put(NS.id, keys, small, None, NS.block_bytes // 2)
+        with pytest.raises(errors.PayloadSizeError):
+            dp.get_into(NS.id, keys, small, NS.block_bytes // 2)
+        assert dp.is_open
+        assert client.match(NS.id, keys).num_matched == 0
+    _round_trip_works(node, seed=5)
+
+
+def test_auto_without_ucx_and_a_node_listening_everywhere(monkeypatch):
+    """A client where ucxx is not installed takes the tcp plane ("auto" after shm), and
+    reaches a node listening on every interface at the host it reached gRPC at."""
+    monkeypatch.setattr("kvstore.dataplane.selection.is_available", lambda: False)
+    with _node(host="0.0.0.0") as server:
+        assert server.dataplanes["tcp"].address.startswith(b"0.0.0.0:")
+        port = server.address.rpartition(":")[2]
+        with Client(f"127.0.0.1:{port}", transport="auto", timeout_s=10.0) as client:
+            client.register_namespace(NS)
+            client._selection.shm_reachable = False  # as on another host
+            keys, blocks = _chain(2, 6), _blocks(2, 6)
+            assert client.put_chain(NS.id, keys, blocks).num_stored == 2
+            assert isinstance(client.data_plane(), TcpClient)
+
+
+# -- hostile peers ------------------------------------------------------------------------
+
+
+def _admission(node) -> pb.DataPlaneInfoResponse:
+    with grpc.insecure_channel(node.address) as channel:
+        stub = pb_grpc.KVStoreStub(channel)
+        return stub.DataPlaneInfo(pb.DataPlaneInfoRequest(transport="tcp"), timeout=10)
+
+
+def _raw_socket(node) -> socket.socket:
+    host, _, port = node.dataplanes["tcp"].address.decode().rpartition(":")
+    sock = socket.create_connection((host, int(port)), timeout=10.0)
+    return sock
+
+
+def _answer(sock: socket.socket, num_keys: int = 0, get: bool = False) -> Reply | None:
+    """The node's reply, or None if it closed the connection."""
+    try:
+        data, _ = shm_messages.receive(sock, 1 << 20)
+    except ConnectionError:
+        return None
+    assert data[0] == shm_messages.Kind.REPLY, f"a message of kind {data[0]}, not a reply"
+    return frames.decode_reply(data[1:], num_keys, get)
+
+
+def _closed(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def _hello(node, secret: bytes | None = None) -> tuple[socket.socket, Reply | None]:
+    admitted = _admission(node)
+    sock = _raw_socket(node)
+    secret = admitted.connection_secret if secret is None else secret
+    shm_messages.send(sock, shm_messages.encode_hello(admitted.client_id, secret))
+    return sock, _answer(sock)
+
+
+@pytest.fixture
+def hello(node):
+    """A raw socket that said a proper hello."""
+    sock, reply = _hello(node)
+    assert reply is not None and reply.error is None
+    yield sock
+    sock.close()
+
+
+def _call(sock: socket.socket, req: Request) -> None:
+    shm_messages.send(sock, shm_messages.encode_call(req, (), placed=False))
+
+
+def test_a_wrong_secret_is_refused_and_the_node_keeps_serving(node):
+    sock, reply = _hello(node, b"x" * 16)
+    assert reply is not None and isinstance(reply.error, errors.PermissionDeniedError)
+    assert _closed(sock)
+    sock.close()
+    node.dataplanes["tcp"].reap(now=float("inf"))  # the admission it named, at its deadline
+    _round_trip_works(node, seed=10)
+    assert node.dataplanes["tcp"].num_connections == 0
+
+
+def test_a_connection_cannot_be_claimed_twice(node):
+    admitted = _admission(node)
+    hello = shm_messages.encode_hello(admitted.client_id, admitted.connection_secret)
+    first, second = _raw_socket(node), _raw_socket(node)
+    try:
+        shm_messages.send(first, hello)
+        assert _answer(first).error is None
+        shm_messages.send(second, hello)  # replayed by someone who saw it
+        assert isinstance(_answer(second).error, errors.PermissionDeniedError)
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_get_replies_then_sends_the_found_blocks_part_major(node, hello):
+    keys, blocks = _chain(3, 40), _blocks(3, 40)
+    with _client(node) as client:
+        client.put_chain(NS.id, [keys[0], keys[2]], [blocks[0], blocks[2]])
+    _call(hello, Request(Op.GET, 1, NS.id, tuple(keys), NS.block_bytes, segments=2))
+    reply = _answer(hello, 3, True)
+    assert reply.flags == (1, 0, 1)
+    assert reply.checksums == (checksum(blocks[0]), checksum(blocks[2]))
+    half = NS.block_bytes // 2
+    wire = bytearray(2 * NS.block_bytes)
+    streams.receive_all(hello, [memoryview(wire)], time.monotonic() + 10)
+    expected = b"".join(bytes(b[s * half : (s + 1) * half]) for s in range(2) for b in blocks[::2])
+    assert bytes(wire) == expected
+    _quiet(node)
+    with _client(node, "grpc") as client:
+        client.remove(NS.id, keys)
+
+
+def test_a_put_whose_bytes_do_not_match_its_sums_is_not_committed(node, hello):
+    """The node sums its own copy: blocks that differ from the sums behind them are
+    refused whole, nothing is stored, and the stream stays in step."""
+    keys, blocks = _chain(2, 45), _blocks(2, 45)
+    sums = [checksum(b) for b in blocks]
+
+    def put(request_id: int, sums_message: bytes, block_bytes: int = NS.block_bytes) -> Reply:
+        eager = Request(Op.PUT, request_id, NS.id, tuple(keys), block_bytes, None, (0, 0), True)
+        _call(hello, eager)
+        hello.sendall(b"".join(bytes(b[:block_bytes]) for b in blocks))
+        shm_messages.send(hello, sums_message)
+        return _answer(hello, len(keys))
+
+    assert isinstance(
+        put(1, shm_messages.encode_sums(1, [sums[0], sums[1] ^ 1])).error,
+        errors.ChecksumMismatchError,
+    )
+    assert "not 2" in str(put(2, shm_messages.encode_sums(99, sums)).error)  # another's sums
+    short = put(3, shm_messages.encode_sums(3, sums), NS.block_bytes // 2)
+    assert isinstance(short.error, errors.IncompleteWriteError)  # refused first, bytes read
+    with _client(node, "grpc") as client:
+        assert client.match(NS.id, keys).num_matched == 0
+    assert put(4, shm_messages.encode_sums(4, sums)).flags == (0, 0)  # stored
+    with _client(node, "grpc") as client:
+        assert [bytes(b) for b in client.get(NS.id, keys).blocks] == [b.tobytes() for b in blocks]
+        client.remove(NS.id, keys)
+    _quiet(node)
+
+
+def test_a_put_that_stops_halfway_leaves_nothing(node, hello):
+    keys, blocks = _chain(2, 46), _blocks(2, 46)
+    eager = Request(Op.PUT, 1, NS.id, tuple(keys), NS.block_bytes, None, (0, 0), True)
+    _call(hello, eager)
+    hello.sendall(bytes(blocks[0]))  # one block of two, then the client dies
+    hello.close()
+    _quiet(node)
+    with _client(node, "grpc") as client:
+        assert client.match(NS.id, keys).num_matched == 0
+    _round_trip_works(node, seed=11)
+
+
+def test_a_client_that_does_not_read_its_get_loses_the_lease_at_the_deadline(node, hello):
+    """Four gets of 2 MiB each, never read: more than the socket buffers hold, so the node
+    waits to send under a lease, and gives up at the transfer deadline, not later."""
+    keys = _chain(64, 47)
+    with _client(node) as client:
+        client.put_chain(NS.id, keys, _blocks(64, 47))
+    for request_id in range(1, 5):
+        _call(hello, Request(Op.GET, request_id, NS.id, tuple(keys), NS.block_bytes))
+    with _client(node, "grpc") as client:
+        wait_until(lambda: client.stats().num_leases > 0, 10.0, "a send waits under a lease")
+    _quiet(node)  # at the transfer deadline (2 s here); the idle one is 300 s
+    with _client(node, "grpc") as client:
+        client.remove(NS.id, keys)
+    _round_trip_works(node, seed=12)
+
+
+def test_a_message_past_the_limit_ends_only_its_connection(node, hello):
+    hello.sendall(struct.pack("<I", 1 << 30))
+    assert _closed(hello)
+    _round_trip_works(node, seed=21)
+
+
+def test_a_socket_that_never_says_hello_is_closed(node):
+    sock = _raw_socket(node)
+    assert _closed(sock)  # at the hello deadline (2 s here); recv's own limit is 10 s
+    sock.close()
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.binary(max_size=600))
+def test_arbitrary_messages_get_a_typed_error_and_end_their_connection(node, data):
+    """Whatever follows a message that is not a call cannot be told apart from block bytes:
+    the node answers it with a typed error and hangs up, and serves everyone else."""
+    sock, reply = _hello(node)
+    assert reply is not None and reply.error is None
+    try:
+        shm_messages.send(sock, data)
+        reply = _answer(sock)
+        assert reply is not None and isinstance(reply.error, errors.KVStoreError)
+        assert _closed(sock)
+    finally:
+        sock.close()
+    get = Request(Op.GET, 3, NS.id, tuple(_chain(1, 30)), NS.block_bytes)
+    sock, _ = _hello(node)
+    try:
+        _call(sock, get)
+        assert _answer(sock, 1, True).flags == (0,)
+    finally:
+        sock.close()
+
+
+def test_the_tcp_settings_are_checked_at_start():
+    with pytest.raises(errors.InvalidArgumentError, match="dataplane_tcp_port"):
+        ServerConfig(dataplane_tcp_port=70000)
+    with pytest.raises(errors.InvalidArgumentError, match="tcp"):
+        ServerConfig(dataplane="tcpx")
