@@ -15,7 +15,28 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 SCRATCH_BYTES = 1 << 20  # what bytes nobody keeps are received into, a piece at a time
+# Bytes moved between two passes of summing: summed right after the socket moved them, they
+# are still in the core's cache (a pass over memory the copy just left costs about as
+# much as the copy did).
+PIECE_BYTES = 256 << 10
 _MAX_IOV = 512  # buffers per sendmsg/recvmsg_into (Linux takes up to IOV_MAX, 1024)
+
+
+def pieces(views: Sequence[memoryview]) -> Iterator[list[tuple[int, memoryview]]]:
+    """`views` cut into runs of at most PIECE_BYTES, in order: each run a list of (index
+    into `views`, a slice of that view); a view longer than PIECE_BYTES spans several."""
+    run: list[tuple[int, memoryview]] = []
+    room = PIECE_BYTES
+    for i, view in enumerate(views):
+        while view.nbytes:
+            piece, view = view[:room], view[room:]
+            run.append((i, piece))
+            room -= piece.nbytes
+            if not room:
+                yield run
+                run, room = [], PIECE_BYTES
+    if run:
+        yield run
 
 
 def send_all(sock: socket.socket, views: Sequence[memoryview], deadline: float) -> None:

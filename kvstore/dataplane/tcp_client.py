@@ -137,9 +137,11 @@ class TcpClient(SocketConnection):
         into = [[_Landing(parts[s][i]) for i in hits] for s in range(segments)]
         crcs = [0] * len(hits)
         for s in range(segments):
-            streams.receive_all(self._sock, [landing.view for landing in into[s]], deadline)
-            for k, landing in enumerate(into[s]):
-                crcs[k] = checksum(landing.view, crcs[k])
+            for run in streams.pieces([landing.view for landing in into[s]]):
+                streams.receive_all(self._sock, [piece for _, piece in run], deadline)
+                for k, piece in run:
+                    crcs[k] = checksum(piece, crcs[k])
+            for landing in into[s]:
                 landing.done()
             if on_part is not None:
                 on_part(s)
@@ -160,17 +162,17 @@ class TcpClient(SocketConnection):
         parents: tuple[bytes | None, ...] | None,
         block_bytes: int,
     ) -> ReserveResult:
-        """Eager: the call, every block (each summed once the socket has taken it, while
-        the node receives it), then their SUMS."""
+        """Eager: the call, every block (summed a piece at a time once the socket has taken
+        it, while the node receives it), then their SUMS."""
         assert self._sock is not None
         deadline = time.monotonic() + self.timeout_s
         req = Request(Op.PUT, next(self._ids), namespace_id, keys, block_bytes, parents)
         self._send(req._replace(checksums=(0,) * len(keys), eager=True), ())
-        sums = []
-        for buf in bufs:
-            data = memoryview(host_bytes(buf)).cast("B")
-            streams.send_all(self._sock, [data], deadline)
-            sums.append(checksum(data))
+        sums = [0] * len(bufs)
+        for run in streams.pieces([memoryview(host_bytes(b)).cast("B") for b in bufs]):
+            streams.send_all(self._sock, [piece for _, piece in run], deadline)
+            for i, piece in run:
+                sums[i] = checksum(piece, sums[i])
         shm_messages.send(self._sock, shm_messages.encode_sums(req.request_id, sums))
         reply = self._reply(len(keys))
         if any(f >= len(STATUS_CODES) for f in reply.flags):

@@ -31,6 +31,7 @@ in step.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import socket
 import time
@@ -177,14 +178,14 @@ class TcpServer(SocketServer):
         todo = {i for i, s in enumerate(reserved.statuses) if s is PutStatus.RESERVED}
         try:
             views = conn.store.reservation_views(rid, conn.peer) if todo else {}
-            crcs = {}
+            crcs = dict.fromkeys(todo, 0)
             for i in range(len(req.keys)):  # summed from the node's copy, as it lands
-                if i in todo:
-                    slot = memoryview(views[i]).cast("B")
-                    streams.receive_all(sock, [slot], deadline)
-                    crcs[i] = checksum(slot)
-                else:
+                if i not in todo:
                     streams.drain(sock, req.block_bytes, self._scratch, deadline)
+                    continue
+                for _, piece in itertools.chain(*streams.pieces([memoryview(views[i]).cast("B")])):
+                    streams.receive_all(sock, [piece], deadline)
+                    crcs[i] = checksum(piece, crcs[i])
             conn.store.commit(rid, self._read_sums(sock, req), conn.peer, written=crcs)
         except BaseException:
             with contextlib.suppress(errors.KVStoreError):
