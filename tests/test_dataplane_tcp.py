@@ -8,8 +8,13 @@ connection's secret.
 
 from __future__ import annotations
 
+import os
+import secrets
+import shutil
 import socket
 import struct
+import subprocess
+import sys
 import time
 
 import grpc
@@ -382,3 +387,74 @@ def test_the_tcp_settings_are_checked_at_start():
         ServerConfig(dataplane_tcp_port=70000)
     with pytest.raises(errors.InvalidArgumentError, match="tcp"):
         ServerConfig(dataplane="tcpx")
+
+
+# -- another host -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def other_host():
+    """A network namespace joined to this one by a veth pair: (the node's address on the
+    link, the namespace). A process in it is another host to the node: it cannot reach the
+    node's abstract Unix socket (shared memory), only its addresses."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("needs root and iproute2 for a network namespace")
+    tag = f"{os.getpid() % 10000}{secrets.token_hex(2)}"
+    netns, near, far = f"kvs{tag}", f"kva{tag}", f"kvb{tag}"
+    subnet = f"10.{os.getpid() % 200 + 20}.{secrets.randbelow(250) + 1}"
+
+    def ip(*args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+
+    ip("netns", "add", netns)
+    try:
+        ip("link", "add", near, "type", "veth", "peer", "name", far)
+        ip("link", "set", far, "netns", netns)
+        ip("addr", "add", f"{subnet}.1/24", "dev", near)
+        ip("link", "set", near, "up")
+        ip("netns", "exec", netns, "ip", "addr", "add", f"{subnet}.2/24", "dev", far)
+        ip("netns", "exec", netns, "ip", "link", "set", far, "up")
+        ip("netns", "exec", netns, "ip", "link", "set", "lo", "up")
+        yield f"{subnet}.1", netns
+    finally:
+        subprocess.run(["ip", "link", "del", near], capture_output=True, timeout=30)
+        subprocess.run(["ip", "netns", "del", netns], capture_output=True, timeout=30)
+
+
+_REMOTE_CLIENT = """
+import sys
+import numpy as np
+from kvstore.client import Client
+from kvstore.keys import KVLayout, Namespace, block_keys
+ns = Namespace("llama-tcp", KVLayout("float16", 4, 2, 64, 16))
+keys = block_keys(ns, np.arange(8 * ns.block_tokens) + 77)
+blocks = [np.full(ns.block_bytes, i + 1, np.uint8) for i in range(8)]
+with Client(sys.argv[1], timeout_s=20.0, transport="auto") as client:
+    client.register_namespace(ns)
+    assert client.put_chain(ns.id, keys, blocks).num_stored == 8
+    out = [np.zeros(ns.block_bytes, np.uint8) for _ in keys]
+    assert client.get_into(ns.id, keys, out) == (True,) * 8
+    assert all((o == b).all() for o, b in zip(out, blocks))
+    print(client.plane)
+"""
+
+
+def test_a_client_on_another_host_moves_its_blocks_over_tcp(other_host):
+    """On another host "auto" is refused shared memory (the node's socket is out of reach)
+    and UCX (this node runs none), and moves the blocks over the TCP plane; the node holds
+    exactly the bytes it sent."""
+    host, netns = other_host
+    config = ServerConfig(host=host, port=0, dataplane="tcp", insecure=True)
+    store = StoreConfig(dram_bytes=64 << 20, slab_bytes=1 << 20, max_batch_keys=64)
+    with EmbeddedServer(store, config) as server:
+        env = {**os.environ, "PYTHONPATH": os.getcwd()}
+        command = ["ip", "netns", "exec", netns, sys.executable, "-c", _REMOTE_CLIENT]
+        done = subprocess.run(
+            [*command, server.address], capture_output=True, text=True, timeout=120, env=env
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert done.stdout.split()[-1] == "tcp"
+        keys = block_keys(NS, np.arange(8 * NS.block_tokens) + 77)
+        with Client(server.address, transport="grpc") as client:
+            got = client.get(NS.id, keys).blocks
+        assert [bytes(b) for b in got] == [bytes([i + 1]) * NS.block_bytes for i in range(8)]
