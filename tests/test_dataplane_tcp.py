@@ -32,6 +32,7 @@ from kvstore.dataplane import frames, shm_messages, streams
 from kvstore.dataplane.frames import Op, Reply, Request
 from kvstore.dataplane.tcp_client import TcpClient
 from kvstore.keys import KVLayout, Namespace, block_keys
+from kvstore.results import PutStatus
 from kvstore.server import EmbeddedServer, ServerConfig
 from kvstore.store_config import StoreConfig
 from tests.conftest import wait_until
@@ -317,6 +318,54 @@ def test_a_put_whose_bytes_do_not_match_its_sums_is_not_committed(node, hello):
     _quiet(node)
 
 
+def test_a_put_that_waits_for_its_statuses_sends_only_the_reserved_blocks(node, hello):
+    """Not eager: the call carries the sums, the statuses come back first, only the
+    reserved blocks follow, and DONE says whether they were committed."""
+    keys, blocks = _chain(3, 48), _blocks(3, 48)
+    with _client(node, "grpc") as client:
+        client.put_chain(NS.id, keys[:1], blocks[:1])
+    sums = tuple(checksum(b) for b in blocks)
+
+    def put(request_id: int, wrong: int | None = None) -> tuple[Reply, Reply | None]:
+        call = Request(Op.PUT, request_id, NS.id, tuple(keys), NS.block_bytes, None, sums)
+        _call(hello, call)
+        statuses = _answer(hello, len(keys))
+        if statuses.error is not None:
+            return statuses, None
+        for i, status in enumerate(statuses.flags):
+            if status == 0:  # reserved
+                hello.sendall(bytes(blocks[i] ^ (i == wrong)))
+        return statuses, _answer(hello)
+
+    statuses, done = put(1, wrong=2)
+    assert statuses.flags == (1, 0, 0)  # present, reserved, reserved
+    assert isinstance(done.error, errors.ChecksumMismatchError)
+    with _client(node, "grpc") as client:
+        assert client.match(NS.id, keys).num_matched == 1
+    statuses, done = put(2)
+    assert statuses.flags == (1, 0, 0) and done.error is None
+    with _client(node, "grpc") as client:
+        assert [bytes(b) for b in client.get(NS.id, keys).blocks] == [b.tobytes() for b in blocks]
+        client.remove(NS.id, keys)
+    _quiet(node)
+
+
+def test_puts_of_mostly_present_blocks_and_of_new_ones_store_the_same_bytes(node):
+    """A client whose put was mostly present waits for the statuses on its next put of
+    that namespace (present blocks cost no bandwidth), then goes back to eager ones."""
+    keys, blocks = _chain(8, 49), _blocks(8, 49)
+    with _client(node) as client, _client(node, "grpc") as grpc_client:
+        dp = client.data_plane()
+        for upto, stored in ((4, 4), (5, 1), (6, 1), (8, 2), (8, 0)):
+            result = dp.put(NS.id, keys[:upto], blocks[:upto], None, NS.block_bytes)
+            assert result.statuses.count(PutStatus.RESERVED) == stored
+        assert [bytes(b) for b in grpc_client.get(NS.id, keys).blocks] == [
+            b.tobytes() for b in blocks
+        ]
+        client.remove(NS.id, keys)
+    _quiet(node)
+
+
 def test_a_put_that_stops_halfway_leaves_nothing(node, hello):
     keys, blocks = _chain(2, 46), _blocks(2, 46)
     eager = Request(Op.PUT, 1, NS.id, tuple(keys), NS.block_bytes, None, (0, 0), True)
@@ -426,6 +475,7 @@ import sys
 import numpy as np
 from kvstore.client import Client
 from kvstore.keys import KVLayout, Namespace, block_keys
+from kvstore.results import PutStatus
 ns = Namespace("llama-tcp", KVLayout("float16", 4, 2, 64, 16))
 keys = block_keys(ns, np.arange(8 * ns.block_tokens) + 77)
 blocks = [np.full(ns.block_bytes, i + 1, np.uint8) for i in range(8)]

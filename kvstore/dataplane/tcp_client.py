@@ -4,8 +4,9 @@
 A get's blocks are received straight into the caller's buffers (host memory; device
 buffers through a host copy) and checked against the node's CRC32C as they land: a block
 that does not match is a miss, never found. A put sends the caller's buffers as they are
-and sums each one while the node receives it (SUMS follows the blocks); the node commits
-only if its copy matches.
+and sums each one while the node receives it (SUMS follows the blocks), or, where most
+blocks of the namespace's last put were present, sums them first and sends only those the
+node reserved; either way the node commits only if its copy matches.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ from kvstore.checksum import checksum
 from kvstore.dataplane import frames, shm_messages, streams
 from kvstore.dataplane.base import Admission
 from kvstore.dataplane.buffers import TransferBuffer, host_bytes, write_host_bytes
-from kvstore.dataplane.frames import Op, Request
+from kvstore.dataplane.frames import Op, Reply, Request
 from kvstore.dataplane.socket_connection import Handshake, SocketConnection
 from kvstore.dataplane.ucx_server import STATUS_CODES
-from kvstore.results import ReserveResult
+from kvstore.results import PutStatus, ReserveResult
 
 log = logging.getLogger("kvstore.dataplane")
 _WILDCARDS = ("", "0.0.0.0", "::", "[::]")
@@ -43,6 +44,9 @@ class TcpClient(SocketConnection):
 
     def __init__(self, handshake: Handshake, timeout_s: float = 30.0, host: str = "") -> None:
         self._host = host
+        # (namespace, block size) -> whether to send a put's blocks behind it at once: yes,
+        # unless most blocks of its last put were present (`tcp_server`'s two puts).
+        self._eager: dict[tuple[bytes, int], bool] = {}
         super().__init__(handshake, timeout_s)
 
     def _connect(self, server_address: bytes) -> socket.socket:
@@ -163,21 +167,37 @@ class TcpClient(SocketConnection):
         block_bytes: int,
     ) -> ReserveResult:
         """Eager: the call, every block (summed a piece at a time once the socket has taken
-        it, while the node receives it), then their SUMS."""
+        it, while the node receives it), then their SUMS. Otherwise: the call with the
+        sums, then only the blocks the node reserved."""
         assert self._sock is not None
         deadline = time.monotonic() + self.timeout_s
         req = Request(Op.PUT, next(self._ids), namespace_id, keys, block_bytes, parents)
-        self._send(req._replace(checksums=(0,) * len(keys), eager=True), ())
-        sums = [0] * len(bufs)
-        for run in streams.pieces([memoryview(host_bytes(b)).cast("B") for b in bufs]):
-            streams.send_all(self._sock, [piece for _, piece in run], deadline)
-            for i, piece in run:
-                sums[i] = checksum(piece, sums[i])
-        shm_messages.send(self._sock, shm_messages.encode_sums(req.request_id, sums))
-        reply = self._reply(len(keys))
+        views = [memoryview(host_bytes(b)).cast("B") for b in bufs]
+        if self._eager.get((namespace_id, block_bytes), False):
+            self._send(req._replace(checksums=(0,) * len(keys), eager=True), ())
+            sums = [0] * len(views)
+            for run in streams.pieces(views):
+                streams.send_all(self._sock, [piece for _, piece in run], deadline)
+                for i, piece in run:
+                    sums[i] = checksum(piece, sums[i])
+            shm_messages.send(self._sock, shm_messages.encode_sums(req.request_id, sums))
+            return self._learn(req, self._reply(len(keys)))
+        self._send(req._replace(checksums=tuple(checksum(v) for v in views)), ())
+        result = self._learn(req, self._reply(len(keys)))
+        reserved = [views[i] for i, s in enumerate(result.statuses) if s is PutStatus.RESERVED]
+        streams.send_all(self._sock, reserved, deadline)
+        self._reply(0)  # DONE: committed, or the error
+        return result
+
+    def _learn(self, req: Request, reply: Reply) -> ReserveResult:
+        """The statuses of a put's reply; eager from now on for its namespace and block size
+        unless most of its blocks were present."""
         if any(f >= len(STATUS_CODES) for f in reply.flags):
             raise ConnectionError("data-plane put reply is malformed")
-        return ReserveResult(reply.reservation_id, tuple(STATUS_CODES[f] for f in reply.flags))
+        statuses = tuple(STATUS_CODES[f] for f in reply.flags)
+        reserved = statuses.count(PutStatus.RESERVED)
+        self._eager[req.namespace_id, req.block_bytes] = 2 * reserved >= len(statuses)
+        return ReserveResult(reply.reservation_id, statuses)
 
 
 class _Landing:

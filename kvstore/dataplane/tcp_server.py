@@ -16,11 +16,15 @@ without placements, and raw block bytes between them:
          for a GET in parts: part 0 of each, then part 1, ...), straight from the slots;
          the lease ends when the socket has taken them all or the transfer deadline
          passes. The client checks every block against its CRC32C.
-    PUT  client -> CALL (eager, always) -> the bytes of every block -> SUMS. The node
-         reserves, receives each reserved block straight into its slot and sums the slot,
-         receives the others (present, in flight, or all when the call is refused) into
-         scratch and drops them, commits if every sum matches SUMS, else aborts;
-         -> REPLY (statuses or the error).
+    PUT  eager: client -> CALL -> the bytes of every block -> SUMS. The node reserves,
+         receives each reserved block straight into its slot and sums the slot, receives
+         the others (present, in flight, or all when the call is refused) into scratch and
+         drops them, commits if every sum matches SUMS, else aborts; -> REPLY (statuses
+         or the error). Not eager (a client whose last put of the namespace was mostly
+         present, so present blocks cost no bandwidth): client -> CALL with the sums; the
+         node reserves, -> REPLY (statuses or the error); client -> the bytes of the
+         reserved blocks only; the node commits or aborts as above, -> REPLY (DONE: no
+         flags, or the error).
 
 A CALL that does not decode ends the connection after its error reply: whether block bytes
 follow it is unknown, so the stream is out of step (only a holder of the secret can send
@@ -162,38 +166,49 @@ class TcpServer(SocketServer):
             self.metrics.moved("tcp", "get", 0, len(hits) * req.block_bytes)
 
     def _put(self, sock: socket.socket, conn: Connection, req: Request) -> Reply:
-        """Receives an eager PUT's blocks and its SUMS (into scratch where not reserved, all
-        of them when refused: the stream stays in step), commits if every sum matches."""
-        if not req.eager:
-            raise errors.InvalidArgumentError("a tcp put sends its blocks behind its call")
+        """Receives a PUT's blocks, commits if every sum matches, and returns its last reply.
+
+        Eager: every block and then SUMS follow the call (into scratch where not reserved,
+        all of them when refused: the stream stays in step); the reply has the statuses.
+        Not eager: the call carries the sums; the statuses go back first, then only the
+        reserved blocks follow, and the last reply (DONE) says whether they were committed.
+        """
         deadline = time.monotonic() + self.settings.timeout_s
         try:
             conn.check_block_bytes(req)
             reserved = conn.store.reserve(req.namespace_id, req.keys, req.parents, conn.peer)
         except errors.KVStoreError:
-            streams.drain(sock, len(req.keys) * req.block_bytes, self._scratch, deadline)
-            self._read_sums(sock, req)
+            if req.eager:
+                streams.drain(sock, len(req.keys) * req.block_bytes, self._scratch, deadline)
+                self._read_sums(sock, req)
             raise
         rid = reserved.reservation_id
+        statuses = Reply(
+            tuple(STATUS_CODES.index(s) for s in reserved.statuses), rid, req.block_bytes
+        )
         todo = {i for i, s in enumerate(reserved.statuses) if s is PutStatus.RESERVED}
         try:
+            if not req.eager:
+                shm_messages.send(sock, shm_messages.encode_reply(statuses))
             views = conn.store.reservation_views(rid, conn.peer) if todo else {}
             crcs = dict.fromkeys(todo, 0)
             for i in range(len(req.keys)):  # summed from the node's copy, as it lands
                 if i not in todo:
-                    streams.drain(sock, req.block_bytes, self._scratch, deadline)
+                    if req.eager:
+                        streams.drain(sock, req.block_bytes, self._scratch, deadline)
                     continue
                 for _, piece in itertools.chain(*streams.pieces([memoryview(views[i]).cast("B")])):
                     streams.receive_all(sock, [piece], deadline)
                     crcs[i] = checksum(piece, crcs[i])
-            conn.store.commit(rid, self._read_sums(sock, req), conn.peer, written=crcs)
+            sums = self._read_sums(sock, req) if req.eager else req.checksums
+            conn.store.commit(rid, sums, conn.peer, written=crcs)
         except BaseException:
             with contextlib.suppress(errors.KVStoreError):
                 conn.store.abort(rid, conn.peer)
             raise
         if self.metrics is not None:
             self.metrics.moved("tcp", "put", len(todo) * req.block_bytes, 0)
-        return Reply(tuple(STATUS_CODES.index(s) for s in reserved.statuses), rid, req.block_bytes)
+        return statuses if req.eager else Reply()
 
     def _read_sums(self, sock: socket.socket, req: Request) -> tuple[int, ...]:
         """The SUMS message behind an eager PUT's blocks; InvalidArgumentError if the next
