@@ -37,33 +37,6 @@ log = logging.getLogger("kvstore.dataplane")
 class ShmClient(ShmConnection):
     """Gets into and puts from caller buffers through shared memory."""
 
-    def submit_get_into(
-        self, namespace_id: bytes, keys: Sequence[bytes], buffers: Sequence[Any], block_bytes: int
-    ) -> concurrent.futures.Future[tuple[bool, ...]]:
-        bufs = self._checked(keys, buffers, block_bytes, writable=True)
-        return self._submit(self._get, namespace_id, tuple(keys), [bufs], block_bytes, None)
-
-    def get_into(
-        self, namespace_id: bytes, keys: Sequence[bytes], buffers: Sequence[Any], block_bytes: int
-    ) -> tuple[bool, ...]:
-        """`submit_get_into`, waited for: on this thread when no call is queued."""
-        bufs = self._checked(keys, buffers, block_bytes, writable=True)
-        args = (namespace_id, tuple(keys), [bufs], block_bytes, None)
-        return self._calls.run(self._guarded, self._get, *args)
-
-    def submit_get_parts(
-        self,
-        namespace_id: bytes,
-        keys: Sequence[bytes],
-        parts: Sequence[Sequence[Any]],
-        block_bytes: int,
-        on_part: Callable[[int], None] | None = None,
-    ) -> concurrent.futures.Future[tuple[bool, ...]]:
-        frames.check_segments(len(keys), block_bytes, len(parts))
-        size = block_bytes // len(parts)
-        bufs = [self._checked(keys, part, size, writable=True) for part in parts]
-        return self._submit(self._get, namespace_id, tuple(keys), bufs, block_bytes, on_part)
-
     def submit_get_placed(
         self,
         namespace_id: bytes,
@@ -85,29 +58,6 @@ class ShmClient(ShmConnection):
         take = placed.summer(list(rows))
         args = (tuple(keys), placed.num_parts, block_bytes, offsets, take, on_part)
         return self._submit(self._get_shared, namespace_id, *args)
-
-    def submit_put(
-        self,
-        namespace_id: bytes,
-        keys: Sequence[bytes],
-        blocks: Sequence[Any],
-        parents: Sequence[bytes | None] | None,
-        block_bytes: int,
-    ) -> concurrent.futures.Future[ReserveResult]:
-        args = self._put_args(namespace_id, keys, blocks, parents, block_bytes)
-        return self._submit(self._put, *args)
-
-    def put(
-        self,
-        namespace_id: bytes,
-        keys: Sequence[bytes],
-        blocks: Sequence[Any],
-        parents: Sequence[bytes | None] | None,
-        block_bytes: int,
-    ) -> ReserveResult:
-        """`submit_put`, waited for: on this thread when no call is queued."""
-        args = self._put_args(namespace_id, keys, blocks, parents, block_bytes)
-        return self._calls.run(self._guarded, self._put, *args)
 
     def _put_args(
         self,

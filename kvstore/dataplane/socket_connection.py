@@ -1,7 +1,8 @@
 """What the client's socket-served data-plane connections share (`shm_connection`,
-`tcp_client`): the handshake, the socket to one node and the hello on it, calls run one at a
-time in the order they are made (`InOrder`), keep-alive pings, and the exchange of messages
-(`shm_messages`). A timeout or a broken socket closes the connection.
+`tcp_client`): the handshake, the socket to one node and the hello on it, the calls' checks
+on the caller's thread, calls run one at a time in the order they are made (`InOrder`),
+keep-alive pings, and the exchange of messages (`shm_messages`). A timeout or a broken
+socket closes the connection.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from kvstore import errors
-from kvstore.dataplane import shm_messages
+from kvstore.dataplane import frames, shm_messages
 from kvstore.dataplane.base import Admission, DataPlaneClient
 from kvstore.dataplane.buffers import TransferBuffer, checked_buffers
 from kvstore.dataplane.frames import Op, Reply, Request
 from kvstore.dataplane.in_order import InOrder
 from kvstore.dataplane.landing import Landing
+from kvstore.results import ReserveResult
 
 T = TypeVar("T")
 Handshake = Callable[[bytes], tuple[bytes, Admission]]  # b"" -> node's address, mine
@@ -77,6 +79,85 @@ class SocketConnection(DataPlaneClient):
         with contextlib.suppress(OSError, errors.KVStoreError), self._lock:
             self._send(Request(Op.CLOSE, next(self._ids), b"", (), 0), ())
         self._abort()
+
+    def submit_get_into(
+        self, namespace_id: bytes, keys: Sequence[bytes], buffers: Sequence[Any], block_bytes: int
+    ) -> concurrent.futures.Future[tuple[bool, ...]]:
+        bufs = self._checked(keys, buffers, block_bytes, writable=True)
+        return self._submit(self._get, namespace_id, tuple(keys), [bufs], block_bytes, None)
+
+    def get_into(
+        self, namespace_id: bytes, keys: Sequence[bytes], buffers: Sequence[Any], block_bytes: int
+    ) -> tuple[bool, ...]:
+        """`submit_get_into`, waited for: on this thread when no call is queued."""
+        bufs = self._checked(keys, buffers, block_bytes, writable=True)
+        args = (namespace_id, tuple(keys), [bufs], block_bytes, None)
+        return self._calls.run(self._guarded, self._get, *args)
+
+    def submit_get_parts(
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        parts: Sequence[Sequence[Any]],
+        block_bytes: int,
+        on_part: Callable[[int], None] | None = None,
+    ) -> concurrent.futures.Future[tuple[bool, ...]]:
+        frames.check_segments(len(keys), block_bytes, len(parts))
+        size = block_bytes // len(parts)
+        bufs = [self._checked(keys, part, size, writable=True) for part in parts]
+        return self._submit(self._get, namespace_id, tuple(keys), bufs, block_bytes, on_part)
+
+    def submit_put(
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        blocks: Sequence[Any],
+        parents: Sequence[bytes | None] | None,
+        block_bytes: int,
+    ) -> concurrent.futures.Future[ReserveResult]:
+        args = self._put_args(namespace_id, keys, blocks, parents, block_bytes)
+        return self._submit(self._put, *args)
+
+    def put(
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        blocks: Sequence[Any],
+        parents: Sequence[bytes | None] | None,
+        block_bytes: int,
+    ) -> ReserveResult:
+        """`submit_put`, waited for: on this thread when no call is queued."""
+        args = self._put_args(namespace_id, keys, blocks, parents, block_bytes)
+        return self._calls.run(self._guarded, self._put, *args)
+
+    def _put_args(
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        blocks: Sequence[Any],
+        parents: Sequence[bytes | None] | None,
+        block_bytes: int,
+    ) -> tuple[Any, ...]:
+        """What `_put` is called with, checked on the caller's thread."""
+        bufs = self._checked(keys, blocks, block_bytes, writable=False)
+        parents_t = tuple(parents) if parents is not None else None
+        return (namespace_id, tuple(keys), bufs, parents_t, block_bytes)
+
+    @abstractmethod
+    def _get(
+        self,
+        namespace_id: bytes,
+        keys: tuple[bytes, ...],
+        parts: list[list[TransferBuffer]],
+        block_bytes: int,
+        on_part: Callable[[int], None] | None,
+    ) -> tuple[bool, ...]:
+        """A GET (the lock held): part s of key i lands in `parts[s][i]`; `on_part(s)` once
+        every part s has."""
+
+    @abstractmethod
+    def _put(self, *args: Any) -> ReserveResult:
+        """A PUT (the lock held), with what `_put_args` gave."""
 
     def _abort(self) -> None:
         self._closed.set()

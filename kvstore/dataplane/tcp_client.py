@@ -11,18 +11,16 @@ node reserved; either way the node commits only if its copy matches.
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import socket
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 
 from kvstore import errors
 from kvstore.checksum import checksum
-from kvstore.dataplane import frames, shm_messages, streams
+from kvstore.dataplane import shm_messages, streams
 from kvstore.dataplane.base import Admission
 from kvstore.dataplane.buffers import TransferBuffer, host_bytes, write_host_bytes
 from kvstore.dataplane.frames import Op, Reply, Request
@@ -65,59 +63,6 @@ class TcpClient(SocketConnection):
             self._sock, shm_messages.encode_hello(admission.client_id, admission.secret)
         )
         self._reply(0)
-
-    def submit_get_into(
-        self, namespace_id: bytes, keys: Sequence[bytes], buffers: Sequence[Any], block_bytes: int
-    ) -> concurrent.futures.Future[tuple[bool, ...]]:
-        bufs = self._checked(keys, buffers, block_bytes, writable=True)
-        return self._submit(self._get, namespace_id, tuple(keys), [bufs], block_bytes, None)
-
-    def get_into(
-        self, namespace_id: bytes, keys: Sequence[bytes], buffers: Sequence[Any], block_bytes: int
-    ) -> tuple[bool, ...]:
-        """`submit_get_into`, waited for: on this thread when no call is queued."""
-        bufs = self._checked(keys, buffers, block_bytes, writable=True)
-        args = (namespace_id, tuple(keys), [bufs], block_bytes, None)
-        return self._calls.run(self._guarded, self._get, *args)
-
-    def submit_get_parts(
-        self,
-        namespace_id: bytes,
-        keys: Sequence[bytes],
-        parts: Sequence[Sequence[Any]],
-        block_bytes: int,
-        on_part: Callable[[int], None] | None = None,
-    ) -> concurrent.futures.Future[tuple[bool, ...]]:
-        frames.check_segments(len(keys), block_bytes, len(parts))
-        size = block_bytes // len(parts)
-        bufs = [self._checked(keys, part, size, writable=True) for part in parts]
-        return self._submit(self._get, namespace_id, tuple(keys), bufs, block_bytes, on_part)
-
-    def submit_put(
-        self,
-        namespace_id: bytes,
-        keys: Sequence[bytes],
-        blocks: Sequence[Any],
-        parents: Sequence[bytes | None] | None,
-        block_bytes: int,
-    ) -> concurrent.futures.Future[ReserveResult]:
-        bufs = self._checked(keys, blocks, block_bytes, writable=False)
-        parents_t = tuple(parents) if parents is not None else None
-        return self._submit(self._put, namespace_id, tuple(keys), bufs, parents_t, block_bytes)
-
-    def put(
-        self,
-        namespace_id: bytes,
-        keys: Sequence[bytes],
-        blocks: Sequence[Any],
-        parents: Sequence[bytes | None] | None,
-        block_bytes: int,
-    ) -> ReserveResult:
-        """`submit_put`, waited for: on this thread when no call is queued."""
-        bufs = self._checked(keys, blocks, block_bytes, writable=False)
-        parents_t = tuple(parents) if parents is not None else None
-        args = (namespace_id, tuple(keys), bufs, parents_t, block_bytes)
-        return self._calls.run(self._guarded, self._put, *args)
 
     # -- protocol (the lock held) --------------------------------------------------------
 
