@@ -12,7 +12,6 @@ import pytest
 from kvstore import errors
 from kvstore.async_client import AsyncClient
 from kvstore.client import Client
-from kvstore.dataplane import ucx_client
 from kvstore.keys import KVLayout, Namespace, block_keys
 from tests.conftest import require_extra, wait_no_leases
 
@@ -34,7 +33,7 @@ def _zeros(n: int) -> list[np.ndarray]:
     return [np.zeros(NS.block_bytes, np.uint8) for _ in range(n)]
 
 
-@pytest.mark.parametrize("transport", ["ucx", "grpc"])
+@pytest.mark.parametrize("transport", ["ucx", "tcp", "grpc"])
 def test_put_and_get_into_match_the_blocking_client(store, transport):
     keys, blocks = _chain(8, seed=1), _blocks(8, seed=1)
 
@@ -44,11 +43,11 @@ def test_put_and_get_into_match_the_blocking_client(store, transport):
             stored = (await client.put_chain(NS.id, keys, blocks)).num_stored
             out = _zeros(9)
             found = await client.get_into(NS.id, [*keys, _chain(1, seed=99)[0]], out)
-            on_ucx = isinstance(await client.data_plane(), ucx_client.UcxClient)
-            return stored, found, out, on_ucx
+            dataplane = await client.data_plane()
+            return stored, found, out, "grpc" if dataplane is None else dataplane.plane
 
-    stored, found, out, on_ucx = asyncio.run(run())
-    assert (stored, found, on_ucx) == (8, (True,) * 8 + (False,), transport == "ucx")
+    stored, found, out, plane = asyncio.run(run())
+    assert (stored, found, plane) == (8, (True,) * 8 + (False,), transport)
     assert all(np.array_equal(o, b) for o, b in zip(out, blocks, strict=False))
     assert not out[8].any()  # the miss left its buffer untouched
     with Client(store.address, timeout_s=10.0, transport="grpc") as check:

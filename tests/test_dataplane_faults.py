@@ -1,4 +1,4 @@
-"""Faults and concurrency on the data planes (UCX, and shared memory on one host), with
+"""Faults and concurrency on the data planes (UCX, TCP, and shared memory on one host), with
 real processes on both ends."""
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ while time.monotonic() < deadline:
 """
 
 
-@pytest.mark.parametrize("transport", ["ucx", "shm"])
+@pytest.mark.parametrize("transport", ["ucx", "shm", "tcp"])
 @pytest.mark.parametrize("op", ["get", "put"])
 def test_client_killed_mid_transfer_leaves_nothing_behind(store_factory, op, transport):
     store = store_factory(
@@ -114,7 +114,7 @@ def test_client_killed_mid_transfer_leaves_nothing_behind(store_factory, op, tra
         assert (out[1] == _block(77, 1)).all()
 
 
-@pytest.mark.parametrize("transport", ["ucx", "shm"])
+@pytest.mark.parametrize("transport", ["ucx", "shm", "tcp"])
 def test_server_killed_mid_get_gives_typed_error(tmp_path, transport):
     store = start_store(tmp_path, "--dram-bytes", "256MiB", "--slab-bytes", "1MiB")
     client = Client(store.address, timeout_s=3.0, transport=transport)
@@ -146,7 +146,7 @@ def test_server_killed_mid_get_gives_typed_error(tmp_path, transport):
     store.proc.wait()
 
 
-@pytest.mark.parametrize("transport", ["ucx", "shm"])
+@pytest.mark.parametrize("transport", ["ucx", "shm", "tcp"])
 def test_a_client_of_a_killed_node_closes_without_raising(store_factory, transport):
     """The CLOSE of a client whose node was SIGKILLed finds the connection reset: closing
     still succeeds (it used to raise UCX's own ConnectionResetError) and frees the client."""

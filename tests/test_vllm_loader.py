@@ -49,7 +49,7 @@ def _same_block(a: list[torch.Tensor], page_a: int, b: list[torch.Tensor], page_
     return all(torch.equal(x[page_a], y[page_b]) for x, y in zip(a, b, strict=True))
 
 
-@pytest.mark.parametrize("transport", ["shm", "ucx", "grpc"])
+@pytest.mark.parametrize("transport", ["shm", "ucx", "tcp", "grpc"])
 @pytest.mark.parametrize("num_buffers", [2, 4, 16])
 def test_a_load_in_chunks_fills_every_vllm_block_it_names(store, transport, num_buffers):
     src_tensors, dst_tensors = _pages(0), _pages(None)
