@@ -59,7 +59,7 @@ def test_dockerfile_command_is_a_node_that_starts_exposed_with_tokens():
     server.check_exposure(server.host)  # every interface: allowed because tokens are on
     assert server.auth_token_file and store.ssd_path.startswith("/data")
     exposed = {int(p) for p in re.search(r"^EXPOSE (.*)$", text, re.M).group(1).split()}
-    assert exposed == {server.port, server.metrics_port}
+    assert exposed == {server.port, server.dataplane_tcp_port, server.metrics_port}
 
 
 @pytest.mark.parametrize("doc", _manifests(), ids=lambda d: d["kind"])
@@ -73,7 +73,11 @@ def test_statefulset_runs_the_node_its_probes_service_and_scrape_expect():
     store, server = _serve_configs(container["args"])
     server.check_exposure(server.host)
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"grpc": server.port, "metrics": server.metrics_port}
+    assert ports == {
+        "grpc": server.port,
+        "dataplane-tcp": server.dataplane_tcp_port,
+        "metrics": server.metrics_port,
+    }
     for probe in ("readinessProbe", "livenessProbe"):
         assert container[probe]["grpc"]["port"] == server.port  # the node's health service
     [workload] = [d for d in _manifests() if d["kind"] == "StatefulSet"]
@@ -87,6 +91,7 @@ def test_statefulset_runs_the_node_its_probes_service_and_scrape_expect():
     assert claims == ["ssd"]
     [service] = [d for d in _manifests() if d["kind"] == "Service"]
     assert service["spec"]["selector"] == workload["spec"]["selector"]["matchLabels"]
+    assert {p["targetPort"] for p in service["spec"]["ports"]} == set(ports)
 
 
 @pytest.mark.timeout(900)
