@@ -18,6 +18,7 @@ them says how much of a missed target is the hardware's and how much is kvstore'
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import multiprocessing as mp
 import os
@@ -34,6 +35,7 @@ import numpy as np
 
 from bench import dataplane_ceilings as ceilings
 from bench import dataplane_peers as peers
+from bench.options import extra_of
 from bench.report import Row, print_table, progress_bar
 from bench.suites import SuiteOptions
 
@@ -394,11 +396,34 @@ def _ratios(rows: list[Row]) -> list[Row]:
     return [_ratio_row(rows, size) for size in BLOCK_BYTES]
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The suite's own flags."""
+    parser.add_argument(
+        "--systems",
+        default=None,
+        help=f"measure only these, comma-separated (default: all of {','.join(SYSTEMS)}); "
+        "a ratio needs both of its systems",
+    )
+
+
+def _systems(wanted: object) -> list[str]:
+    """The systems `--systems` names, in table order; every one of them without it."""
+    if not wanted:
+        return list(SYSTEMS)
+    names = str(wanted).split(",")
+    unknown = sorted(set(names) - set(SYSTEMS))
+    if unknown:
+        raise SystemExit(f"unknown systems {unknown}; known: {','.join(SYSTEMS)}")
+    return [s for s in SYSTEMS if s in names]
+
+
 def run(options: SuiteOptions) -> list[Row]:
-    """Measures every system; prints the target ratios; returns one row per measurement."""
+    """Measures every system asked for; prints the target ratios; returns one row per
+    measurement."""
     rows: list[Row] = []
-    with progress_bar("dataplane", total=len(SYSTEMS)) as advance:
-        for system in SYSTEMS:
+    systems = _systems(extra_of(options).get("systems"))
+    with progress_bar("dataplane", total=len(systems)) as advance:
+        for system in systems:
             rows.extend(_rows_of(system, options.quick))
             advance(1)
     print_table(_ratios(rows), title="dataplane, batches of 64: ratios within this run")

@@ -103,3 +103,10 @@ def _ceiling_node() -> bytes:
     name_q = mp.get_context("spawn").Queue()
     dataplane._spawn(dataplane.ceilings.serve_node, name_q)
     return name_q.get(timeout=30)
+
+
+def test_systems_names_a_subset_in_table_order():
+    assert dataplane._systems(None) == list(dataplane.SYSTEMS)
+    assert dataplane._systems("kvstore-tcp,tcp-socket") == ["tcp-socket", "kvstore-tcp"]
+    with pytest.raises(SystemExit, match="unknown systems"):
+        dataplane._systems("tcp-socket,nope")
