@@ -508,3 +508,21 @@ def test_a_client_on_another_host_moves_its_blocks_over_tcp(other_host):
         with Client(server.address, transport="grpc") as client:
             got = client.get(NS.id, keys).blocks
         assert [bytes(b) for b in got] == [bytes([i + 1]) * NS.block_bytes for i in range(8)]
+
+
+def test_sockets_from_one_address_are_bounded_before_they_say_hello(node):
+    """Past `max_dataplane_connections_per_peer` (4 here) open sockets from one address,
+    the next is closed at once, while the earlier ones wait for their hello deadline."""
+    wait_until(lambda: node.dataplanes["tcp"].num_sockets == 0, 10.0, "earlier sockets closed")
+    first = [_raw_socket(node) for _ in range(4)]
+    try:
+        extra = _raw_socket(node)
+        assert _closed(extra)
+        extra.close()
+        first[0].setblocking(False)
+        with pytest.raises(BlockingIOError):  # still open: the extra one was refused
+            first[0].recv(1)
+    finally:
+        for sock in first:
+            sock.close()
+    _round_trip_works(node, seed=13)

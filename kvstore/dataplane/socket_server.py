@@ -7,7 +7,9 @@ connection id and secret and counts the connection against the same bounds
 (`connections`); the client then connects to the listener and says hello with the secret.
 A socket that does not claim a live admission by `hello_timeout_s` is closed; an
 admission no socket claims is dropped at the same deadline; a connection silent for
-`idle_timeout_s` too. Sockets that have not said hello yet are bounded like connections.
+`idle_timeout_s` too. Open sockets, hello said or not, are bounded like connections: in
+all, and for a network listener per address they come from, so one host that connects and
+never says hello cannot take every slot.
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ class SocketServer(DataPlaneServer):
         self._max_message = shm_messages.max_message_bytes(store.config.max_batch_keys)
         self._listener = listener
         self._lock = threading.Lock()
-        self._sockets: set[socket.socket] = set()  # open ones, said hello or not
+        # Open sockets, said hello or not -> the address they came from (None: a Unix socket).
+        self._sockets: dict[socket.socket, str | None] = {}
         self._bound: dict[int, socket.socket] = {}  # connection id -> its socket
         self._serving: set[threading.Thread] = set()  # a thread per open socket
         self._stopped = threading.Event()
@@ -73,6 +76,12 @@ class SocketServer(DataPlaneServer):
     @property
     def num_connections(self) -> int:
         return len(self._connections)
+
+    @property
+    def num_sockets(self) -> int:
+        """Open sockets, whether they said hello or not."""
+        with self._lock:
+            return len(self._sockets)
 
     def connect(self, client_address: bytes, peer: str, tenant: str = "") -> Admission:
         if client_address:
@@ -122,16 +131,21 @@ class SocketServer(DataPlaneServer):
     def _accept_forever(self) -> None:
         while True:
             try:
-                sock, _ = self._listener.accept()
+                sock, address = self._listener.accept()
             except OSError:
                 return  # stopped
+            peer = address[0] if isinstance(address, tuple) else None
             thread = threading.Thread(
                 target=self._serve, args=(sock,), name=f"kvstore-{self.plane}-conn", daemon=True
             )
             with self._lock:
-                crowded = len(self._sockets) >= self.settings.max_connections
+                crowded = len(self._sockets) >= self.settings.max_connections or (
+                    peer is not None
+                    and list(self._sockets.values()).count(peer)
+                    >= self.settings.max_connections_per_peer
+                )
                 if not crowded:
-                    self._sockets.add(sock)
+                    self._sockets[sock] = peer
                     self._serving.add(thread)
             if crowded:  # sockets that never say hello are bounded like connections
                 sock.close()
@@ -155,7 +169,7 @@ class SocketServer(DataPlaneServer):
             if claimed:
                 self._drop(claimed[0].client_id)
             with self._lock:
-                self._sockets.discard(sock)
+                self._sockets.pop(sock, None)
                 self._serving.discard(threading.current_thread())
             sock.close()
 
