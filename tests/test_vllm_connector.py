@@ -102,11 +102,11 @@ def test_fresh_process_loads_prefix_another_stored_and_recomputes_corrupt_blocks
     assert "event=load_incomplete" in third.log
 
 
-@pytest.mark.parametrize("transport", ["ucx", "shm"])
+@pytest.mark.parametrize("transport", ["ucx", "tcp", "shm"])
 def test_a_block_failing_its_checksum_after_the_forward_read_it_never_yields_a_token(
     model, reference, tmp_path, transport
 ):
-    """Layer by layer over UCX, a block's CRC32C is known only once its last layer is in,
+    """Layer by layer over UCX or TCP, a block's CRC32C is known only once its last layer is in,
     after the forward pass has read its first layers: the connector reports it failed after
     the step, vLLM drops that step's output and recomputes from the block, and the output is
     the reference. Over shared memory (same host) a call's layers land together, checked,
