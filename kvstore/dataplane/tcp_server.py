@@ -83,8 +83,8 @@ class TcpServer(SocketServer):
 
     @property
     def address(self) -> bytes:
-        """ "host:port" of the listener; a client replaces a wildcard host with the host it
-        reached the node's gRPC service at."""
+        """The listener's host and port ("host:port"); a client replaces a wildcard host
+        with the host it reached the node's gRPC service at."""
         return self._address
 
     # -- a connection --------------------------------------------------------------------
