@@ -14,6 +14,8 @@ import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
 
+from kvstore.checksum import checksum
+
 SCRATCH_BYTES = 1 << 20  # what bytes nobody keeps are received into, a piece at a time
 # Bytes moved between two passes of summing: summed right after the socket moved them, they
 # are still in the core's cache (a pass over memory the copy just left costs about as
@@ -39,6 +41,39 @@ def pieces(views: Sequence[memoryview]) -> Iterator[list[tuple[int, memoryview]]
         yield run
 
 
+def send_summed(
+    sock: socket.socket, views: Sequence[memoryview], sums: list[int], deadline: float
+) -> None:
+    """Sends every byte of `views`, in order, adding each piece to `sums[i]` (the CRC32C
+    of view i so far) once the socket has taken it."""
+    with _until(sock, deadline) as wait:
+        for run in pieces(views):
+            pending = [piece for _, piece in run]
+            while pending:
+                wait()
+                pending = _advance(pending, sock.sendmsg(pending[:_MAX_IOV]))
+            for i, piece in run:
+                sums[i] = checksum(piece, sums[i])
+
+
+def receive_summed(
+    sock: socket.socket, views: Sequence[memoryview], sums: list[int], deadline: float
+) -> None:
+    """Fills every byte of `views`, in order, adding each piece to `sums[i]` (the CRC32C of
+    view i so far) as soon as it has landed."""
+    with _until(sock, deadline) as wait:
+        for run in pieces(views):
+            pending = [piece for _, piece in run]
+            while pending:
+                wait()
+                got, _, _, _ = sock.recvmsg_into(pending[:_MAX_IOV])
+                if got == 0:
+                    raise ConnectionError("the peer closed the connection")
+                pending = _advance(pending, got)
+            for i, piece in run:
+                sums[i] = checksum(piece, sums[i])
+
+
 def send_all(sock: socket.socket, views: Sequence[memoryview], deadline: float) -> None:
     """Sends every byte of `views`, in order."""
     pending = [v for v in views if v.nbytes]
@@ -46,18 +81,6 @@ def send_all(sock: socket.socket, views: Sequence[memoryview], deadline: float) 
         while pending:
             wait()
             pending = _advance(pending, sock.sendmsg(pending[:_MAX_IOV]))
-
-
-def receive_all(sock: socket.socket, views: Sequence[memoryview], deadline: float) -> None:
-    """Fills every byte of `views`, in order."""
-    pending = [v for v in views if v.nbytes]
-    with _until(sock, deadline) as wait:
-        while pending:
-            wait()
-            got, _, _, _ = sock.recvmsg_into(pending[:_MAX_IOV])
-            if got == 0:
-                raise ConnectionError("the peer closed the connection")
-            pending = _advance(pending, got)
 
 
 def drain(sock: socket.socket, nbytes: int, scratch: bytearray, deadline: float) -> None:

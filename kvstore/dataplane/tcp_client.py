@@ -86,10 +86,9 @@ class TcpClient(SocketConnection):
         into = [[_Landing(parts[s][i]) for i in hits] for s in range(segments)]
         crcs = [0] * len(hits)
         for s in range(segments):
-            for run in streams.pieces([landing.view for landing in into[s]]):
-                streams.receive_all(self._sock, [piece for _, piece in run], deadline)
-                for k, piece in run:
-                    crcs[k] = checksum(piece, crcs[k])
+            streams.receive_summed(
+                self._sock, [landing.view for landing in into[s]], crcs, deadline
+            )
             for landing in into[s]:
                 landing.done()
             if on_part is not None:
@@ -121,10 +120,7 @@ class TcpClient(SocketConnection):
         if self._eager.get((namespace_id, block_bytes), False):
             self._send(req._replace(checksums=(0,) * len(keys), eager=True), ())
             sums = [0] * len(views)
-            for run in streams.pieces(views):
-                streams.send_all(self._sock, [piece for _, piece in run], deadline)
-                for i, piece in run:
-                    sums[i] = checksum(piece, sums[i])
+            streams.send_summed(self._sock, views, sums, deadline)
             shm_messages.send(self._sock, shm_messages.encode_sums(req.request_id, sums))
             return self._learn(req, self._reply(len(keys)))
         self._send(req._replace(checksums=tuple(checksum(v) for v in views)), ())

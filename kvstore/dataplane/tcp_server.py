@@ -35,13 +35,11 @@ in step.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import socket
 import time
 
 from kvstore import errors
-from kvstore.checksum import checksum
 from kvstore.dataplane import frames, shm_messages, streams
 from kvstore.dataplane.base import ServerSettings
 from kvstore.dataplane.connections import Connection
@@ -191,15 +189,15 @@ class TcpServer(SocketServer):
             if not req.eager:
                 shm_messages.send(sock, shm_messages.encode_reply(statuses))
             views = conn.store.reservation_views(rid, conn.peer) if todo else {}
-            crcs = dict.fromkeys(todo, 0)
+            crcs = {}
             for i in range(len(req.keys)):  # summed from the node's copy, as it lands
                 if i not in todo:
                     if req.eager:
                         streams.drain(sock, req.block_bytes, self._scratch, deadline)
                     continue
-                for _, piece in itertools.chain(*streams.pieces([memoryview(views[i]).cast("B")])):
-                    streams.receive_all(sock, [piece], deadline)
-                    crcs[i] = checksum(piece, crcs[i])
+                crc = [0]
+                streams.receive_summed(sock, [memoryview(views[i]).cast("B")], crc, deadline)
+                crcs[i] = crc[0]
             sums = self._read_sums(sock, req) if req.eager else req.checksums
             conn.store.commit(rid, sums, conn.peer, written=crcs)
         except BaseException:
