@@ -179,15 +179,15 @@ def test_refused_calls_get_typed_errors_and_the_connection_goes_on(node):
 
 
 def test_auto_without_ucx_and_a_node_listening_everywhere(monkeypatch):
-    """A client where ucxx is not installed takes the tcp plane ("auto" after shm), and
-    reaches a node listening on every interface at the host it reached gRPC at."""
+    """A client where ucxx is not installed takes the tcp plane ("auto": this node has no
+    shm plane), and reaches a node listening on every interface at the host it reached
+    gRPC at."""
     monkeypatch.setattr("kvstore.dataplane.selection.is_available", lambda: False)
     with _node(host="0.0.0.0") as server:
         assert server.dataplanes["tcp"].address.startswith(b"0.0.0.0:")
         port = server.address.rpartition(":")[2]
         with Client(f"127.0.0.1:{port}", transport="auto", timeout_s=10.0) as client:
             client.register_namespace(NS)
-            client._selection.shm_reachable = False  # as on another host
             keys, blocks = _chain(2, 6), _blocks(2, 6)
             assert client.put_chain(NS.id, keys, blocks).num_stored == 2
             assert isinstance(client.data_plane(), TcpClient)
