@@ -353,6 +353,20 @@ def test_a_put_that_waits_for_its_statuses_sends_only_the_reserved_blocks(node, 
     _quiet(node)
 
 
+def test_a_put_whose_client_goes_after_its_statuses_leaves_nothing(node, hello):
+    """Not eager, the client reads the statuses and goes without sending a block: the
+    reservation ends with the connection, and nothing is visible."""
+    keys, blocks = _chain(2, 50), _blocks(2, 50)
+    sums = tuple(checksum(b) for b in blocks)
+    _call(hello, Request(Op.PUT, 1, NS.id, tuple(keys), NS.block_bytes, None, sums))
+    assert _answer(hello, len(keys)).flags == (0, 0)  # both reserved
+    hello.close()
+    _quiet(node)
+    with _client(node, "grpc") as client:
+        assert client.match(NS.id, keys).num_matched == 0
+    _round_trip_works(node, seed=14)
+
+
 def test_puts_of_mostly_present_blocks_and_of_new_ones_store_the_same_bytes(node):
     """A client whose put was mostly present waits for the statuses on its next put of
     that namespace (present blocks cost no bandwidth), then goes back to eager ones."""

@@ -131,3 +131,10 @@ def write_host_bytes(buf: TransferBuffer, data: np.ndarray) -> None:
     import cupy
 
     cupy.asarray(obj).view(cupy.uint8).reshape(-1).set(data)
+
+
+def slot_bytes(view: object) -> np.ndarray:
+    """A leased block's bytes on the host: a DRAM slot as is, an HBM block copied off."""
+    if isinstance(view, memoryview):
+        return np.frombuffer(view, np.uint8)
+    return np.asarray(host_bytes(as_transfer_buffer(view, False)), np.uint8).reshape(-1)

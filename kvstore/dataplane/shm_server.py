@@ -35,7 +35,7 @@ import numpy as np
 from kvstore import errors
 from kvstore.dataplane import frames, shm_messages
 from kvstore.dataplane.base import ServerSettings
-from kvstore.dataplane.buffers import as_transfer_buffer, host_bytes
+from kvstore.dataplane.buffers import slot_bytes
 from kvstore.dataplane.connections import Connection
 from kvstore.dataplane.frames import Op, Reply, Request
 from kvstore.dataplane.regions import Region, Regions, copy, copy_summed
@@ -269,10 +269,3 @@ class _Sums:
         if not self._read:
             with contextlib.suppress(errors.InvalidArgumentError):
                 self.read()
-
-
-def slot_bytes(view: object) -> np.ndarray:
-    """A leased block's bytes on the host: a DRAM slot as is, an HBM block copied off."""
-    if isinstance(view, memoryview):
-        return np.frombuffer(view, np.uint8)
-    return np.asarray(host_bytes(as_transfer_buffer(view, False)), np.uint8).reshape(-1)

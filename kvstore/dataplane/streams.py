@@ -46,14 +46,7 @@ def send_summed(
 ) -> None:
     """Sends every byte of `views`, in order, adding each piece to `sums[i]` (the CRC32C
     of view i so far) once the socket has taken it."""
-    with _until(sock, deadline) as wait:
-        for run in pieces(views):
-            pending = [piece for _, piece in run]
-            while pending:
-                wait()
-                pending = _advance(pending, sock.sendmsg(pending[:_MAX_IOV]))
-            for i, piece in run:
-                sums[i] = checksum(piece, sums[i])
+    _summed(sock, views, sums, deadline, sock.sendmsg)
 
 
 def receive_summed(
@@ -61,26 +54,20 @@ def receive_summed(
 ) -> None:
     """Fills every byte of `views`, in order, adding each piece to `sums[i]` (the CRC32C of
     view i so far) as soon as it has landed."""
-    with _until(sock, deadline) as wait:
-        for run in pieces(views):
-            pending = [piece for _, piece in run]
-            while pending:
-                wait()
-                got, _, _, _ = sock.recvmsg_into(pending[:_MAX_IOV])
-                if got == 0:
-                    raise ConnectionError("the peer closed the connection")
-                pending = _advance(pending, got)
-            for i, piece in run:
-                sums[i] = checksum(piece, sums[i])
+
+    def receive(buffers: list[memoryview]) -> int:
+        got = sock.recvmsg_into(buffers)[0]
+        if got == 0:
+            raise ConnectionError("the peer closed the connection")
+        return got
+
+    _summed(sock, views, sums, deadline, receive)
 
 
 def send_all(sock: socket.socket, views: Sequence[memoryview], deadline: float) -> None:
     """Sends every byte of `views`, in order."""
-    pending = [v for v in views if v.nbytes]
     with _until(sock, deadline) as wait:
-        while pending:
-            wait()
-            pending = _advance(pending, sock.sendmsg(pending[:_MAX_IOV]))
+        _move_all(views, wait, sock.sendmsg)
 
 
 def drain(sock: socket.socket, nbytes: int, scratch: bytearray, deadline: float) -> None:
@@ -93,6 +80,32 @@ def drain(sock: socket.socket, nbytes: int, scratch: bytearray, deadline: float)
             if got == 0:
                 raise ConnectionError("the peer closed the connection")
             nbytes -= got
+
+
+def _summed(
+    sock: socket.socket,
+    views: Sequence[memoryview],
+    sums: list[int],
+    deadline: float,
+    move: Callable[[list[memoryview]], int],
+) -> None:
+    """Moves `views` a run of pieces at a time (`move`: one system call over some buffers,
+    returning the bytes moved), summing each run while it is in cache."""
+    with _until(sock, deadline) as wait:
+        for run in pieces(views):
+            _move_all([piece for _, piece in run], wait, move)
+            for i, piece in run:
+                sums[i] = checksum(piece, sums[i])
+
+
+def _move_all(
+    views: Sequence[memoryview], wait: Callable[[], None], move: Callable[[list[memoryview]], int]
+) -> None:
+    """Calls `move` until every byte of `views` has moved, `wait()` before each call."""
+    pending = [v for v in views if v.nbytes]
+    while pending:
+        wait()
+        pending = _advance(pending, move(pending[:_MAX_IOV]))
 
 
 @contextlib.contextmanager

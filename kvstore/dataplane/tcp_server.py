@@ -42,9 +42,9 @@ import time
 from kvstore import errors
 from kvstore.dataplane import frames, shm_messages, streams
 from kvstore.dataplane.base import ServerSettings
+from kvstore.dataplane.buffers import slot_bytes
 from kvstore.dataplane.connections import Connection
 from kvstore.dataplane.frames import Op, Reply, Request
-from kvstore.dataplane.shm_server import slot_bytes
 from kvstore.dataplane.socket_server import SocketServer
 from kvstore.dataplane.ucx_server import STATUS_CODES
 from kvstore.metrics import CallMetrics
