@@ -354,13 +354,23 @@ def _row(system: str, cell: peers.Cell, times: list[float] | None, note: str = "
     return row
 
 
-def _rows_of(system: str, quick: bool) -> list[Row]:
+def _times_of(system: str, quick: bool) -> dict | str:
+    """Every cell's times of one system, or why it could not run."""
     try:
-        times = RUNNERS[system](quick)
+        return RUNNERS[system](quick)
     except Exception as exc:
-        note = f"{type(exc).__name__}: {exc}"[:120]
+        return f"{type(exc).__name__}: {exc}"[:120]
+
+
+def _rows_of(system: str, runs: list[dict | str]) -> list[Row]:
+    """One row per cell, over the times of every run of `system` (a failed run adds none)."""
+    timed = [run for run in runs if isinstance(run, dict)]
+    if not timed:
+        note = next((run for run in runs if isinstance(run, str)), "")
         return [_row(system, cell, None, note) for cell in _cells()]
-    return [_row(system, cell, times.get(cell)) for cell in _cells()]
+    return [
+        _row(system, cell, [t for run in timed for t in run.get(cell, [])]) for cell in _cells()
+    ]
 
 
 def _gbps(rows: list[Row], system: str, op: str, size: int) -> float | None:
@@ -377,23 +387,48 @@ def _ratio_row(rows: list[Row], size: int) -> Row:
     out["get_gbps"] = _gbps(rows, "kvstore-shm", "get", size)
     out["ucx_put_gbps"] = _gbps(rows, "kvstore-ucx", "put", size)
     out["ucx_get_gbps"] = _gbps(rows, "kvstore-ucx", "get", size)
-    missed = []
-    for column, num, num_op, den, den_op, at_least, from_size in RATIOS:
+    for column, num, num_op, den, den_op, _, _ in RATIOS:
         a, b = _gbps(rows, num, num_op, size), _gbps(rows, den, den_op, size)
-        ratio = a / b if a and b else None
-        out[column] = ratio
-        if at_least is not None and size >= from_size and ratio is not None and ratio < at_least:
-            missed.append(f"{column}<{at_least:g}")
+        out[column] = a / b if a and b else None
     # The client sums every block a get receives: that work's share of a get's time, if it
     # did not overlap the transfer (it does: each block is summed as it lands).
     get, crc = out["get_gbps"], _gbps(rows, "crc32c", "get", size)
     out["crc/get"] = get / crc if get and crc else None  # type: ignore[operator]
-    out["missed"] = " ".join(missed) or "-"
+    out["missed"] = _missed(out)
     return out
+
+
+def _missed(ratios: Row) -> str:
+    """The targets a block size's ratios miss ("-": none; an unmeasured ratio misses none)."""
+    missed = []
+    for column, _, _, _, _, at_least, from_size in RATIOS:
+        ratio = ratios[column]
+        if at_least is None or ratios["block_bytes"] < from_size or ratio is None:
+            continue
+        if ratio < at_least:  # type: ignore[operator]
+            missed.append(f"{column}<{at_least:g}")
+    return " ".join(missed) or "-"
 
 
 def _ratios(rows: list[Row]) -> list[Row]:
     return [_ratio_row(rows, size) for size in BLOCK_BYTES]
+
+
+def _median_ratios(rounds: list[list[Row]]) -> list[Row]:
+    """Per block size, each ratio's median over the rounds (each round's ratio is of figures
+    measured minutes apart at most), and the targets that median misses."""
+    per_round = [_ratios(rows) for rows in rounds]
+    out = []
+    for i, size in enumerate(BLOCK_BYTES):
+        row: Row = {"block_bytes": size, "rounds": len(rounds)}
+        for column in per_round[0][i]:
+            if column in ("block_bytes", "missed"):
+                continue
+            values = [r[i][column] for r in per_round if r[i][column] is not None]
+            row[column] = statistics.median(values) if values else None  # type: ignore[type-var]
+        row["missed"] = _missed(row)
+        out.append(row)
+    return out
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -403,6 +438,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"measure only these, comma-separated (default: all of {','.join(SYSTEMS)}); "
         "a ratio needs both of its systems",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure every system this many times, in alternating order; ratios are the "
+        "median of each round's (on a noisy host, more rounds, steadier ratios)",
     )
 
 
@@ -418,13 +460,24 @@ def _systems(wanted: object) -> list[str]:
 
 
 def run(options: SuiteOptions) -> list[Row]:
-    """Measures every system asked for; prints the target ratios; returns one row per
-    measurement."""
-    rows: list[Row] = []
-    systems = _systems(extra_of(options).get("systems"))
-    with progress_bar("dataplane", total=len(systems)) as advance:
-        for system in systems:
-            rows.extend(_rows_of(system, options.quick))
-            advance(1)
-    print_table(_ratios(rows), title="dataplane, batches of 64: ratios within this run")
-    return rows
+    """Measures every system asked for, `--rounds` times (the order reversed every other
+    round, so a drift of the host favours no system); prints the target ratios, each the
+    median of its rounds'; returns one row per measurement, over every round's times."""
+    extra = extra_of(options)
+    systems = _systems(extra.get("systems"))
+    num_rounds = int(extra.get("rounds") or 1)
+    if num_rounds < 1:
+        raise SystemExit("kvstore-bench dataplane: --rounds must be >= 1")
+    runs: dict[str, list[dict | str]] = {system: [] for system in systems}
+    with progress_bar("dataplane", total=len(systems) * num_rounds) as advance:
+        for r in range(num_rounds):
+            for system in systems if r % 2 == 0 else systems[::-1]:
+                runs[system].append(_times_of(system, options.quick))
+                advance(1)
+    rounds = [
+        [row for system in systems for row in _rows_of(system, [runs[system][r]])]
+        for r in range(num_rounds)
+    ]
+    title = f"dataplane, batches of 64: ratios within this run (median of {num_rounds} rounds)"
+    print_table(_median_ratios(rounds), title=title)
+    return [row for system in systems for row in _rows_of(system, runs[system])]

@@ -110,3 +110,29 @@ def test_systems_names_a_subset_in_table_order():
     assert dataplane._systems("kvstore-tcp,tcp-socket") == ["tcp-socket", "kvstore-tcp"]
     with pytest.raises(SystemExit, match="unknown systems"):
         dataplane._systems("tcp-socket,nope")
+
+
+def test_over_rounds_each_ratio_is_the_median_of_its_rounds_and_judged_on_it():
+    def round_of(kvstore_tcp: float, socket: float) -> list[dict]:
+        return _rows({("kvstore-tcp", "get"): kvstore_tcp, ("tcp-socket", "get"): socket}, MIB)
+
+    # 0.5, 1.0, 0.95 (a round where the socket ran away is outvoted); 1 MiB is index 2
+    rounds = [round_of(2.0, 4.0), round_of(2.0, 2.0), round_of(1.9, 2.0)]
+    row = dataplane._median_ratios(rounds)[2]
+    assert row["block_bytes"] == MIB and row["rounds"] == 3
+    assert row["tcp get/tcp-socket"] == pytest.approx(0.95)
+    assert row["missed"] == "-"
+    (one,) = dataplane._median_ratios(rounds[:1])[2:3]
+    assert one["missed"] == "tcp get/tcp-socket<0.9"
+    assert row["ucx-tcp get/tcp-socket"] is None  # measured in no round: no ratio, no verdict
+
+
+def test_a_systems_rows_pool_the_times_of_every_round_that_ran():
+    cell = ("get", MIB, 64)
+    runs = [{cell: [0.02, 0.04]}, "OSError: peer gone", {cell: [0.03]}]
+    rows = {(r["op"], r["block_bytes"], r["batch"]): r for r in dataplane._rows_of("x", runs)}
+    assert rows[cell]["p50_ms"] == pytest.approx(30.0)
+    assert rows[cell]["gbps"] == pytest.approx(3 * 64 * MIB / 0.09 / 1e9)
+    assert rows["put", MIB, 64]["gbps"] is None  # a cell no round timed
+    failed = dataplane._rows_of("x", ["OSError: peer gone"])
+    assert all(r["gbps"] is None and r["note"] == "OSError: peer gone" for r in failed)
