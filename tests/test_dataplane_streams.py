@@ -62,3 +62,37 @@ def test_a_closed_or_late_peer_is_an_error_not_a_wait():
             streams.receive_summed(right, [memoryview(bytearray(20))], [0], time.monotonic())
         with pytest.raises(TimeoutError):
             streams.drain(right, 20, bytearray(8), time.monotonic())
+
+
+class _CountingSocket(socket.socket):
+    """A real socket that notes, per sendmsg call, the bytes offered and the bytes sent."""
+
+    calls: list[tuple[int, int]]
+
+    def sendmsg(self, buffers, *args):  # type: ignore[override]
+        buffers = list(buffers)
+        sent = super().sendmsg(buffers, *args)
+        self.calls.append((sum(memoryview(b).nbytes for b in buffers), sent))
+        return sent
+
+
+def test_a_large_send_goes_in_calls_of_at_most_call_bytes_every_byte_in_order():
+    views = [*_views(3), memoryview(np.arange(3 << 20, dtype=np.uint8)).cast("B")]
+    total = sum(v.nbytes for v in views)
+    left, right = socket.socketpair()
+    sender = _CountingSocket(fileno=left.detach())
+    sender.calls = []
+    got = bytearray()
+
+    def receive() -> None:
+        while len(got) < total:
+            got.extend(right.recv(1 << 20))
+
+    with sender, right:
+        reader = threading.Thread(target=receive)
+        reader.start()
+        streams.send_all(sender, views, time.monotonic() + 30)
+        reader.join(timeout=30)
+    assert bytes(got) == b"".join(bytes(v) for v in views)
+    assert sum(sent for _, sent in sender.calls) == total
+    assert max(offered for offered, _ in sender.calls) == streams.CALL_BYTES

@@ -22,6 +22,10 @@ SCRATCH_BYTES = 1 << 20  # what bytes nobody keeps are received into, a piece at
 # much as the copy did).
 PIECE_BYTES = 256 << 10
 _MAX_IOV = 512  # buffers per sendmsg/recvmsg_into (Linux takes up to IOV_MAX, 1024)
+# Bytes per system call at most. While a call copies, the socket is the caller's and the
+# peer's ACKs wait in its backlog; in calls of 1 MiB, 64 x 256 KiB gets went 18-24% faster
+# than in one call over the whole batch (256 KiB calls gained nothing).
+CALL_BYTES = 1 << 20
 
 
 def pieces(views: Sequence[memoryview]) -> Iterator[list[tuple[int, memoryview]]]:
@@ -105,7 +109,19 @@ def _move_all(
     pending = [v for v in views if v.nbytes]
     while pending:
         wait()
-        pending = _advance(pending, move(pending[:_MAX_IOV]))
+        pending = _advance(pending, move(_first_bytes(pending, CALL_BYTES)))
+
+
+def _first_bytes(views: list[memoryview], nbytes: int) -> list[memoryview]:
+    """The first `nbytes` of `views` (fewer where they hold fewer), in at most _MAX_IOV
+    buffers, the last one cut short where it runs past."""
+    out: list[memoryview] = []
+    for view in views[:_MAX_IOV]:
+        out.append(view[:nbytes])
+        nbytes -= out[-1].nbytes
+        if not nbytes:
+            break
+    return out
 
 
 @contextlib.contextmanager
