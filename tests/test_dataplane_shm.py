@@ -2,7 +2,7 @@
 and hostile ones: the same bytes as the other paths, corrupted blocks refused, and every
 malformed hello, region or call answered with a typed error (or the connection closed)
 while the node keeps serving, holding no lease, reservation or file descriptor it should
-not. The adversary is a raw socket speaking `shm_messages`; it never learns another
+not. The adversary is a raw socket speaking `socket_messages`; it never learns another
 connection's secret.
 """
 
@@ -26,7 +26,7 @@ from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.checksum import checksum
 from kvstore.client import Client
 from kvstore.client_common import raise_rpc_error
-from kvstore.dataplane import frames, shm_messages
+from kvstore.dataplane import frames, socket_messages
 from kvstore.dataplane.base import Admission
 from kvstore.dataplane.frames import Op, Reply, Request
 from kvstore.dataplane.regions import Region, placement
@@ -180,11 +180,11 @@ def test_calls_past_the_region_limit(node, note_bytes):
 
 @pytest.fixture(params=["notes rarely", "a note per block"])
 def note_bytes(request, monkeypatch):
-    """How often the node says which blocks of a get landed (`shm_messages.NOTE_BYTES`):
+    """How often the node says which blocks of a get landed (`socket_messages.NOTE_BYTES`):
     as shipped (never, for these small gets) or after every block."""
     if request.param == "a note per block":
-        monkeypatch.setattr(shm_messages, "NOTE_BYTES", NS.block_bytes)
-    return shm_messages.NOTE_BYTES
+        monkeypatch.setattr(socket_messages, "NOTE_BYTES", NS.block_bytes)
+    return socket_messages.NOTE_BYTES
 
 
 def _shared_files() -> set[str]:
@@ -249,15 +249,15 @@ def _raw_socket(node) -> socket.socket:
 def _answer(sock: socket.socket) -> Reply | None:
     """The node's reply, or None if it closed the connection."""
     try:
-        data, fds = shm_messages.receive(sock, 1 << 20)
+        data, fds = socket_messages.receive(sock, 1 << 20)
     except ConnectionError:
         return None
-    shm_messages.close_all(fds)
+    socket_messages.close_all(fds)
     return _reply_of(data)
 
 
 def _reply_of(data: memoryview, num_keys: int = 0, with_checksums: bool = False) -> Reply:
-    assert data[0] == shm_messages.Kind.REPLY, f"a message of kind {data[0]}, not a reply"
+    assert data[0] == socket_messages.Kind.REPLY, f"a message of kind {data[0]}, not a reply"
     return frames.decode_reply(data[1:], num_keys, with_checksums)
 
 
@@ -272,11 +272,11 @@ def _sealed_region(size: int = 64 << 10, seals: int = fcntl.F_SEAL_SHRINK) -> in
 def _hello(node, fds: list[int], secret: bytes | None = None, client_id: int | None = None):
     admitted = _admission(node)
     sock = _raw_socket(node)
-    hello = shm_messages.encode_hello(
+    hello = socket_messages.encode_hello(
         admitted.client_id if client_id is None else client_id,
         admitted.connection_secret if secret is None else secret,
     )
-    shm_messages.send(sock, hello, fds)
+    socket_messages.send(sock, hello, fds)
     return sock, _answer(sock)
 
 
@@ -316,7 +316,7 @@ def test_bad_hellos_are_refused_and_the_node_keeps_serving(node, make_fds, secre
     try:
         sock, reply = _hello(node, fds, secret)
     finally:
-        shm_messages.close_all(fds)
+        socket_messages.close_all(fds)
     assert reply is not None and type(reply.error).__name__ == error, reply
     assert sock.recv(1) == b""  # and the node hung up
     sock.close()
@@ -333,13 +333,13 @@ def test_bad_hellos_are_refused_and_the_node_keeps_serving(node, make_fds, secre
 
 def test_a_connection_cannot_be_claimed_twice(node):
     admitted = _admission(node)
-    hello = shm_messages.encode_hello(admitted.client_id, admitted.connection_secret)
+    hello = socket_messages.encode_hello(admitted.client_id, admitted.connection_secret)
     first, second = _raw_socket(node), _raw_socket(node)
     fd = _sealed_region()
     try:
-        shm_messages.send(first, hello, [fd])
+        socket_messages.send(first, hello, [fd])
         assert _answer(first).error is None
-        shm_messages.send(second, hello, [fd])  # replayed by someone who saw it
+        socket_messages.send(second, hello, [fd])  # replayed by someone who saw it
         assert isinstance(_answer(second).error, errors.PermissionDeniedError)
     finally:
         os.close(fd)
@@ -362,13 +362,13 @@ def hello(node):
 
 def _call(sock, req: Request, offsets, notes: list | None = None) -> Reply | None:
     """The node's reply to one call; a GET's LANDED notes before it go to `notes`."""
-    shm_messages.send(sock, shm_messages.encode_call(req, offsets))
+    socket_messages.send(sock, socket_messages.encode_call(req, offsets))
     try:
-        data, _ = shm_messages.receive(sock, 1 << 20)
-        while data[0] == shm_messages.Kind.LANDED and req.op is Op.GET:
+        data, _ = socket_messages.receive(sock, 1 << 20)
+        while data[0] == socket_messages.Kind.LANDED and req.op is Op.GET:
             if notes is not None:
-                notes.append(shm_messages.decode_landed(data))
-            data, _ = shm_messages.receive(sock, 1 << 20)
+                notes.append(socket_messages.decode_landed(data))
+            data, _ = socket_messages.receive(sock, 1 << 20)
     except ConnectionError:
         return None
     return _reply_of(data, len(req.keys), req.op is Op.GET)
@@ -377,7 +377,7 @@ def _call(sock, req: Request, offsets, notes: list | None = None) -> Reply | Non
 def test_a_get_says_which_blocks_landed_while_the_node_copies(node, hello, monkeypatch):
     """After every two blocks' bytes copied, a LANDED note names the keys done since the
     last one with their found flags; none after the last block (the reply follows)."""
-    monkeypatch.setattr(shm_messages, "NOTE_BYTES", 2 * NS.block_bytes)
+    monkeypatch.setattr(socket_messages, "NOTE_BYTES", 2 * NS.block_bytes)
     sock, region = hello
     keys, blocks = _chain(6, 25), _blocks(6, 25)
     with _client(node) as client:
@@ -400,7 +400,7 @@ def test_a_get_in_parts_lands_part_major_and_says_when_each_part_is_in(node, hel
     """A GET in 4 parts of 4 keys (key 1 missing) is copied part-major: unit `4 * s + i` is
     part s of key i. A note comes after every two parts' bytes copied and at the end of
     each part (three parts' bytes: more than NOTE_BYTES), none after the last unit."""
-    monkeypatch.setattr(shm_messages, "NOTE_BYTES", NS.block_bytes // 2)
+    monkeypatch.setattr(socket_messages, "NOTE_BYTES", NS.block_bytes // 2)
     sock, region = hello
     keys, blocks = _chain(4, 26), _blocks(4, 26)
     with _client(node) as client:
@@ -452,15 +452,15 @@ def test_regions_past_the_limits_or_never_handed_over_are_refused(node, hello):
     sock, _ = hello
     for index in (1, 15):  # the node's default max_shm_regions: 16
         fd = _sealed_region()
-        shm_messages.send(sock, bytes([shm_messages.Kind.REGION, index]), [fd])
+        socket_messages.send(sock, bytes([socket_messages.Kind.REGION, index]), [fd])
         os.close(fd)
         assert _answer(sock).error is None
     for message, error in (
-        (bytes([shm_messages.Kind.REGION, 16]), "max_shm_regions"),
-        (bytes([shm_messages.Kind.REGION]), "two bytes and one region"),
+        (bytes([socket_messages.Kind.REGION, 16]), "max_shm_regions"),
+        (bytes([socket_messages.Kind.REGION]), "two bytes and one region"),
     ):
         fd = _sealed_region()
-        shm_messages.send(sock, message, [fd])
+        socket_messages.send(sock, message, [fd])
         os.close(fd)
         assert error in str(_answer(sock).error)
     get = Request(Op.GET, 1, NS.id, tuple(_chain(1, 40)), NS.block_bytes)
@@ -500,22 +500,22 @@ def test_eager_puts_take_their_sums_from_the_message_behind_them(node, hello):
         return Request(Op.PUT, request_id, NS.id, tuple(keys), block_bytes, None, (0, 0), True)
 
     def send(req: Request, message: bytes) -> Reply:
-        shm_messages.send(sock, shm_messages.encode_call(req, offsets))
-        shm_messages.send(sock, message)
-        data, _ = shm_messages.receive(sock, 1 << 20)
+        socket_messages.send(sock, socket_messages.encode_call(req, offsets))
+        socket_messages.send(sock, message)
+        data, _ = socket_messages.receive(sock, 1 << 20)
         return _reply_of(data, len(keys))
 
-    reply = send(eager(1), shm_messages.encode_sums(1, [sums[0], sums[1] ^ 1]))
+    reply = send(eager(1), socket_messages.encode_sums(1, [sums[0], sums[1] ^ 1]))
     assert isinstance(reply.error, errors.ChecksumMismatchError)
-    reply = send(eager(2), shm_messages.encode_sums(99, sums))  # another request's sums
+    reply = send(eager(2), socket_messages.encode_sums(99, sums))  # another request's sums
     assert "not 2" in str(reply.error)
-    reply = send(eager(3), shm_messages.encode_call(Request(Op.PING, 4, b"", (), 0), []))
+    reply = send(eager(3), socket_messages.encode_call(Request(Op.PING, 4, b"", (), 0), []))
     assert "followed by its sums" in str(reply.error)
     with _client(node, "grpc") as client:
         assert client.match(NS.id, keys).num_matched == 0
-    reply = send(eager(5, NS.block_bytes + 1), shm_messages.encode_sums(5, sums))
+    reply = send(eager(5, NS.block_bytes + 1), socket_messages.encode_sums(5, sums))
     assert isinstance(reply.error, errors.PayloadSizeError)  # refused first, sums read
-    assert send(eager(6), shm_messages.encode_sums(6, sums)).flags == (0, 0)  # stored
+    assert send(eager(6), socket_messages.encode_sums(6, sums)).flags == (0, 0)  # stored
     with _client(node, "grpc") as client:
         assert [bytes(b) for b in client.get(NS.id, keys).blocks] == [b.tobytes() for b in blocks]
         client.remove(NS.id, keys)
@@ -541,8 +541,8 @@ def test_a_socket_that_never_says_hello_is_closed(node):
 @given(data=st.binary(max_size=600))
 def test_arbitrary_messages_get_typed_errors(node, hello, data):
     sock, _ = hello
-    shm_messages.send(sock, data)
-    reply_data, _ = shm_messages.receive(sock, 1 << 20)
+    socket_messages.send(sock, data)
+    reply_data, _ = socket_messages.receive(sock, 1 << 20)
     reply = _reply_of(reply_data)
     assert isinstance(reply.error, errors.KVStoreError)
     assert _call(
@@ -615,17 +615,17 @@ def test_a_note_the_socket_cannot_take_now_is_not_sent_at_all():
     sends a whole message or nothing, so the stream stays whole either way."""
     node_end, client_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     node_end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-    note = shm_messages.encode_landed(1, 0, b"\1" * 100)
+    note = socket_messages.encode_landed(1, 0, b"\1" * 100)
     sent = 0
-    while shm_messages.try_send(node_end, note):
+    while socket_messages.try_send(node_end, note):
         sent += 1
         assert sent < 100_000, "the socket never filled"
     node_end.close()
     received = 0
     with contextlib.suppress(ConnectionError):
         while True:
-            data, _ = shm_messages.receive(client_end, 1 << 10)
-            assert shm_messages.decode_landed(data) == (1, 0, b"\1" * 100)
+            data, _ = socket_messages.receive(client_end, 1 << 10)
+            assert socket_messages.decode_landed(data) == (1, 0, b"\1" * 100)
             received += 1
     assert received == sent > 0
     client_end.close()

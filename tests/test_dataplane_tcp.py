@@ -2,7 +2,7 @@
 hostile ones: the same bytes as the other paths, corrupted blocks refused, refusals that
 keep the stream in step, and malformed hellos and calls answered with a typed error and the
 connection closed while the node keeps serving, holding no lease or reservation it should
-not. The adversary is a raw TCP socket speaking `shm_messages`; it never learns another
+not. The adversary is a raw TCP socket speaking `socket_messages`; it never learns another
 connection's secret.
 """
 
@@ -27,7 +27,7 @@ from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.checksum import checksum
 from kvstore.client import Client
-from kvstore.dataplane import frames, shm_messages
+from kvstore.dataplane import frames, socket_messages
 from kvstore.dataplane.frames import Op, Reply, Request
 from kvstore.dataplane.tcp_client import TcpClient
 from kvstore.keys import KVLayout, Namespace, block_keys
@@ -211,10 +211,10 @@ def _raw_socket(node) -> socket.socket:
 def _answer(sock: socket.socket, num_keys: int = 0, get: bool = False) -> Reply | None:
     """The node's reply, or None if it closed the connection."""
     try:
-        data, _ = shm_messages.receive(sock, 1 << 20)
+        data, _ = socket_messages.receive(sock, 1 << 20)
     except ConnectionError:
         return None
-    assert data[0] == shm_messages.Kind.REPLY, f"a message of kind {data[0]}, not a reply"
+    assert data[0] == socket_messages.Kind.REPLY, f"a message of kind {data[0]}, not a reply"
     return frames.decode_reply(data[1:], num_keys, get)
 
 
@@ -229,7 +229,7 @@ def _hello(node, secret: bytes | None = None) -> tuple[socket.socket, Reply | No
     admitted = _admission(node)
     sock = _raw_socket(node)
     secret = admitted.connection_secret if secret is None else secret
-    shm_messages.send(sock, shm_messages.encode_hello(admitted.client_id, secret))
+    socket_messages.send(sock, socket_messages.encode_hello(admitted.client_id, secret))
     return sock, _answer(sock)
 
 
@@ -243,7 +243,7 @@ def hello(node):
 
 
 def _call(sock: socket.socket, req: Request) -> None:
-    shm_messages.send(sock, shm_messages.encode_call(req, (), placed=False))
+    socket_messages.send(sock, socket_messages.encode_call(req, (), placed=False))
 
 
 def test_a_wrong_secret_is_refused_and_the_node_keeps_serving(node):
@@ -258,12 +258,12 @@ def test_a_wrong_secret_is_refused_and_the_node_keeps_serving(node):
 
 def test_a_connection_cannot_be_claimed_twice(node):
     admitted = _admission(node)
-    hello = shm_messages.encode_hello(admitted.client_id, admitted.connection_secret)
+    hello = socket_messages.encode_hello(admitted.client_id, admitted.connection_secret)
     first, second = _raw_socket(node), _raw_socket(node)
     try:
-        shm_messages.send(first, hello)
+        socket_messages.send(first, hello)
         assert _answer(first).error is None
-        shm_messages.send(second, hello)  # replayed by someone who saw it
+        socket_messages.send(second, hello)  # replayed by someone who saw it
         assert isinstance(_answer(second).error, errors.PermissionDeniedError)
     finally:
         first.close()
@@ -302,19 +302,19 @@ def test_a_put_whose_bytes_do_not_match_its_sums_is_not_committed(node, hello):
         eager = Request(Op.PUT, request_id, NS.id, tuple(keys), block_bytes, None, (0, 0), True)
         _call(hello, eager)
         hello.sendall(b"".join(bytes(b[:block_bytes]) for b in blocks))
-        shm_messages.send(hello, sums_message)
+        socket_messages.send(hello, sums_message)
         return _answer(hello, len(keys))
 
     assert isinstance(
-        put(1, shm_messages.encode_sums(1, [sums[0], sums[1] ^ 1])).error,
+        put(1, socket_messages.encode_sums(1, [sums[0], sums[1] ^ 1])).error,
         errors.ChecksumMismatchError,
     )
-    assert "not 2" in str(put(2, shm_messages.encode_sums(99, sums)).error)  # another's sums
-    short = put(3, shm_messages.encode_sums(3, sums), NS.block_bytes // 2)
+    assert "not 2" in str(put(2, socket_messages.encode_sums(99, sums)).error)  # another's sums
+    short = put(3, socket_messages.encode_sums(3, sums), NS.block_bytes // 2)
     assert isinstance(short.error, errors.IncompleteWriteError)  # refused first, bytes read
     with _client(node, "grpc") as client:
         assert client.match(NS.id, keys).num_matched == 0
-    assert put(4, shm_messages.encode_sums(4, sums)).flags == (0, 0)  # stored
+    assert put(4, socket_messages.encode_sums(4, sums)).flags == (0, 0)  # stored
     with _client(node, "grpc") as client:
         assert [bytes(b) for b in client.get(NS.id, keys).blocks] == [b.tobytes() for b in blocks]
         client.remove(NS.id, keys)
@@ -433,7 +433,7 @@ def test_arbitrary_messages_get_a_typed_error_and_end_their_connection(node, dat
     sock, reply = _hello(node)
     assert reply is not None and reply.error is None
     try:
-        shm_messages.send(sock, data)
+        socket_messages.send(sock, data)
         reply = _answer(sock)
         assert reply is not None and isinstance(reply.error, errors.KVStoreError)
         assert _closed(sock)

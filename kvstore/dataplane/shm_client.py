@@ -21,7 +21,7 @@ import numpy as np
 
 from kvstore import errors
 from kvstore.checksum import checksum
-from kvstore.dataplane import frames, shm_messages
+from kvstore.dataplane import frames, socket_messages
 from kvstore.dataplane.buffers import TransferBuffer, check_keys, host_bytes
 from kvstore.dataplane.frames import Op, Reply, Request
 from kvstore.dataplane.landing import Landing, Take, copied_out, summed
@@ -196,7 +196,7 @@ class ShmClient(ShmConnection):
             self._send(req._replace(checksums=(0,) * len(keys), eager=True), where[0])
             sums = [checksum(b.obj) for b in bufs]
             assert self._sock is not None
-            shm_messages.send(self._sock, shm_messages.encode_sums(req.request_id, sums))
+            socket_messages.send(self._sock, socket_messages.encode_sums(req.request_id, sums))
         else:
             region, sums = self._room(len(keys) * block_bytes), []
             for i, buf in enumerate(bufs):

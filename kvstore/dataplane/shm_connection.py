@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from kvstore.dataplane import in_place, shm_messages
+from kvstore.dataplane import in_place, socket_messages
 from kvstore.dataplane.base import Admission
 from kvstore.dataplane.placed import PlacedRows
 from kvstore.dataplane.regions import Region, SharedBuffers
@@ -36,14 +36,14 @@ class ShmConnection(SocketConnection):
         super().__init__(handshake, timeout_s)
 
     def _connect(self, server_address: bytes) -> socket.socket:
-        return shm_messages.connect(server_address, self.timeout_s)
+        return socket_messages.connect(server_address, self.timeout_s)
 
     def _hello(self, admission: Admission) -> None:
         assert self._sock is not None
         self._region, fd = Region.create(FIRST_REGION_BYTES)
-        hello = shm_messages.encode_hello(admission.client_id, admission.secret)
+        hello = socket_messages.encode_hello(admission.client_id, admission.secret)
         try:
-            shm_messages.send(self._sock, hello, [fd])
+            socket_messages.send(self._sock, hello, [fd])
         finally:
             os.close(fd)
         self._limit = self._reply(0).block_bytes
@@ -109,7 +109,7 @@ class ShmConnection(SocketConnection):
 
     def _send_region(self, index: int, fd: int) -> None:
         assert self._sock is not None
-        shm_messages.send(self._sock, bytes([shm_messages.Kind.REGION, index]), [fd])
+        socket_messages.send(self._sock, bytes([socket_messages.Kind.REGION, index]), [fd])
         self._reply(0)
 
     def _room(self, nbytes: int, touched: bool = False) -> Region:

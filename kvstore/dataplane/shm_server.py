@@ -3,7 +3,7 @@ shared-memory region the client handed over (`regions`), on a Unix socket.
 
 Admission, the hello and the deadlines are `socket_server`'s: the gRPC handshake
 (`DataPlaneInfo`, transport "shm") admits the client, which then connects to the node's
-abstract Unix socket and sends HELLO with the secret and its region (`shm_messages`).
+abstract Unix socket and sends HELLO with the secret and its region (`socket_messages`).
 
 Per call, on the connection's own thread (calls of one connection are served in order):
 
@@ -33,7 +33,7 @@ import time
 import numpy as np
 
 from kvstore import errors
-from kvstore.dataplane import frames, shm_messages
+from kvstore.dataplane import frames, socket_messages
 from kvstore.dataplane.base import ServerSettings
 from kvstore.dataplane.buffers import slot_bytes
 from kvstore.dataplane.connections import Connection
@@ -81,10 +81,10 @@ class ShmServer(SocketServer):
             sock.settimeout(self.settings.idle_timeout_s)
             while not self._stopped.is_set():
                 data, fds = self._next_message(sock, conn)
-                if data[:1] == bytes([shm_messages.Kind.REGION]):
+                if data[:1] == bytes([socket_messages.Kind.REGION]):
                     self._new_region(sock, regions, data, fds)
                     continue
-                shm_messages.close_all(fds)
+                socket_messages.close_all(fds)
                 if not self._call(sock, conn, regions, data):
                     return  # CLOSE
         finally:
@@ -93,9 +93,9 @@ class ShmServer(SocketServer):
     def _hello(self, sock: socket.socket, regions: Regions) -> Connection:
         """The connection a socket's HELLO claims (its region put in `regions` at 0); raises
         InvalidArgumentError or PermissionDeniedError (replied to the socket) otherwise."""
-        data, fds = shm_messages.receive(sock, self._max_message)
+        data, fds = socket_messages.receive(sock, self._max_message)
         try:
-            client_id, secret = shm_messages.decode_hello(data)
+            client_id, secret = socket_messages.decode_hello(data)
             conn = self._claim(sock, client_id, secret)
             try:
                 if len(fds) != 1:
@@ -107,12 +107,12 @@ class ShmServer(SocketServer):
             regions.set(0, region)
         except errors.KVStoreError as exc:
             with contextlib.suppress(OSError):
-                shm_messages.send(sock, shm_messages.encode_reply(Reply(error=exc)))
+                socket_messages.send(sock, socket_messages.encode_reply(Reply(error=exc)))
             raise
         finally:
-            shm_messages.close_all(fds)
+            socket_messages.close_all(fds)
         conn.deadline = time.monotonic() + self.settings.idle_timeout_s
-        shm_messages.send(sock, shm_messages.encode_reply(self._region_ack()))
+        socket_messages.send(sock, socket_messages.encode_reply(self._region_ack()))
         log.info("event=shm_connect client=%d region_bytes=%d", conn.client_id, region.size)
         return conn
 
@@ -129,11 +129,11 @@ class ShmServer(SocketServer):
                 raise errors.InvalidArgumentError("a region message is two bytes and one region")
             regions.set(data[1], Region.admit(fds[0], self.settings.max_region_bytes))
         except errors.KVStoreError as exc:
-            shm_messages.send(sock, shm_messages.encode_reply(Reply(error=exc)))
+            socket_messages.send(sock, socket_messages.encode_reply(Reply(error=exc)))
             return
         finally:
-            shm_messages.close_all(fds)
-        shm_messages.send(sock, shm_messages.encode_reply(self._region_ack()))
+            socket_messages.close_all(fds)
+        socket_messages.send(sock, socket_messages.encode_reply(self._region_ack()))
 
     def _call(
         self, sock: socket.socket, conn: Connection, regions: Regions, data: memoryview
@@ -141,7 +141,7 @@ class ShmServer(SocketServer):
         """Serves one CALL; False once the client said CLOSE."""
         start, op, sums = time.perf_counter(), "call", None
         try:
-            req, offsets = shm_messages.decode_call(data)
+            req, offsets = socket_messages.decode_call(data)
             op = req.op.name.lower()
             if req.op is Op.CLOSE:
                 return False
@@ -160,7 +160,7 @@ class ShmServer(SocketServer):
                 self.metrics.rejected.labels("shm", op, type(exc).__name__).inc()
         if sums is not None:
             sums.drain()  # answered early: the sums are read all the same (one reply each)
-        shm_messages.send(sock, shm_messages.encode_reply(reply))
+        socket_messages.send(sock, socket_messages.encode_reply(reply))
         if self.metrics is not None:
             self.metrics.observe("shm", op, time.perf_counter() - start, None)
         return True
@@ -235,18 +235,18 @@ def _copy_noting(
 
     def note(through: int) -> None:
         nonlocal said, copied, noting
-        landed = shm_messages.encode_landed(req.request_id, said, units[said:through])
-        noting = shm_messages.try_send(sock, landed)
+        landed = socket_messages.encode_landed(req.request_id, said, units[said:through])
+        noting = socket_messages.try_send(sock, landed)
         said, copied = through, 0
 
     for s in range(req.segments):
         for i, block in blocks.items():
             copy(targets[s * num_keys + i], block[s * size : (s + 1) * size])
             copied += size
-            if noting and copied >= shm_messages.NOTE_BYTES and s * num_keys + i + 1 < last:
+            if noting and copied >= socket_messages.NOTE_BYTES and s * num_keys + i + 1 < last:
                 note(s * num_keys + i + 1)
         end = (s + 1) * num_keys
-        if noting and part_bytes >= shm_messages.NOTE_BYTES and said < end < last:
+        if noting and part_bytes >= socket_messages.NOTE_BYTES and said < end < last:
             note(end)
 
 
@@ -261,9 +261,9 @@ class _Sums:
     def read(self) -> tuple[int, ...]:
         """The sums; InvalidArgumentError if the next message is not this put's SUMS."""
         self._read = True
-        data, fds = shm_messages.receive(self._sock, self._max_bytes)
-        shm_messages.close_all(fds)
-        return shm_messages.decode_sums(data, self._req)
+        data, fds = socket_messages.receive(self._sock, self._max_bytes)
+        socket_messages.close_all(fds)
+        return socket_messages.decode_sums(data, self._req)
 
     def drain(self) -> None:
         if not self._read:

@@ -1,7 +1,7 @@
 """What the client's socket-served data-plane connections share (`shm_connection`,
 `tcp_client`): the handshake, the socket to one node and the hello on it, the calls' checks
 on the caller's thread, calls run one at a time in the order they are made (`InOrder`),
-keep-alive pings, and the exchange of messages (`shm_messages`). A timeout or a broken
+keep-alive pings, and the exchange of messages (`socket_messages`). A timeout or a broken
 socket closes the connection.
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from kvstore import errors
-from kvstore.dataplane import frames, shm_messages
+from kvstore.dataplane import frames, socket_messages
 from kvstore.dataplane.base import Admission, DataPlaneClient
 from kvstore.dataplane.buffers import TransferBuffer, checked_buffers
 from kvstore.dataplane.frames import Op, Reply, Request
@@ -35,7 +35,7 @@ class SocketConnection(DataPlaneClient):
     (the socket's timeout). Subclasses connect (`_connect`) and say hello (`_hello`)."""
 
     plane = ""
-    placed = True  # whether a CALL says where each block it moves is (`shm_messages`)
+    placed = True  # whether a CALL says where each block it moves is (`socket_messages`)
 
     def __init__(self, handshake: Handshake, timeout_s: float = 30.0) -> None:
         self.timeout_s = timeout_s
@@ -202,7 +202,7 @@ class SocketConnection(DataPlaneClient):
 
     def _send(self, req: Request, offsets: Sequence[int]) -> None:
         assert self._sock is not None
-        shm_messages.send(self._sock, shm_messages.encode_call(req, offsets, self.placed))
+        socket_messages.send(self._sock, socket_messages.encode_call(req, offsets, self.placed))
 
     def _reply(self, num_keys: int, landing: Landing | None = None, get: bool = False) -> Reply:
         """The reply to the oldest call not answered (of `num_keys` keys); a GET's (`get`)
@@ -210,7 +210,7 @@ class SocketConnection(DataPlaneClient):
         error). Anything else the node sends breaks the stream (ConnectionError)."""
         assert self._sock is not None
         noted = landing.note if landing is not None else None
-        reply = shm_messages.receive_reply(self._sock, num_keys, get, noted)
+        reply = socket_messages.receive_reply(self._sock, num_keys, get, noted)
         if reply.error is not None:
             raise reply.error
         return reply

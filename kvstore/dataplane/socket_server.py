@@ -23,7 +23,7 @@ import time
 from abc import abstractmethod
 
 from kvstore import errors
-from kvstore.dataplane import shm_messages
+from kvstore.dataplane import socket_messages
 from kvstore.dataplane.base import Admission, DataPlaneServer, ServerSettings
 from kvstore.dataplane.connections import Connection, Connections
 from kvstore.metrics import CallMetrics
@@ -54,7 +54,7 @@ class SocketServer(DataPlaneServer):
         self.settings = settings or ServerSettings()
         self.metrics = metrics
         self._connections = Connections(self.settings)
-        self._max_message = shm_messages.max_message_bytes(store.config.max_batch_keys)
+        self._max_message = socket_messages.max_message_bytes(store.config.max_batch_keys)
         self._listener = listener
         self._lock = threading.Lock()
         # Open sockets, said hello or not -> the address they came from (None: a Unix socket).
@@ -198,6 +198,6 @@ class SocketServer(DataPlaneServer):
 
     def _next_message(self, sock: socket.socket, conn: Connection) -> tuple[memoryview, list[int]]:
         """The connection's next message, its idle deadline moved past it."""
-        message = shm_messages.receive(sock, self._max_message)
+        message = socket_messages.receive(sock, self._max_message)
         conn.deadline = time.monotonic() + self.settings.idle_timeout_s
         return message

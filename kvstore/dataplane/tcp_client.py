@@ -20,7 +20,7 @@ import numpy as np
 
 from kvstore import errors
 from kvstore.checksum import checksum
-from kvstore.dataplane import shm_messages, streams
+from kvstore.dataplane import socket_messages, streams
 from kvstore.dataplane.base import Admission
 from kvstore.dataplane.buffers import TransferBuffer, host_bytes, write_host_bytes
 from kvstore.dataplane.frames import Op, Reply, Request
@@ -59,8 +59,8 @@ class TcpClient(SocketConnection):
 
     def _hello(self, admission: Admission) -> None:
         assert self._sock is not None
-        shm_messages.send(
-            self._sock, shm_messages.encode_hello(admission.client_id, admission.secret)
+        socket_messages.send(
+            self._sock, socket_messages.encode_hello(admission.client_id, admission.secret)
         )
         self._reply(0)
 
@@ -121,7 +121,7 @@ class TcpClient(SocketConnection):
             self._send(req._replace(checksums=(0,) * len(keys), eager=True), ())
             sums = [0] * len(views)
             streams.send_summed(self._sock, views, sums, deadline)
-            shm_messages.send(self._sock, shm_messages.encode_sums(req.request_id, sums))
+            socket_messages.send(self._sock, socket_messages.encode_sums(req.request_id, sums))
             return self._learn(req, self._reply(len(keys)))
         self._send(req._replace(checksums=tuple(checksum(v) for v in views)), ())
         result = self._learn(req, self._reply(len(keys)))

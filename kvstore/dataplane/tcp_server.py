@@ -7,8 +7,8 @@ per byte, and a block is one kernel copy on each side.
 
 Admission, the hello and the deadlines are `socket_server`'s: the gRPC handshake
 (`DataPlaneInfo`, transport "tcp") admits the client, which then connects to the node's
-TCP listener and sends HELLO with the secret (`shm_messages`, no region). Per call, in
-order (calls of one connection are served one at a time), the messages of `shm_messages`
+TCP listener and sends HELLO with the secret (`socket_messages`, no region). Per call, in
+order (calls of one connection are served one at a time), the messages of `socket_messages`
 without placements, and raw block bytes between them:
 
     GET  client -> CALL; the node leases the blocks, -> REPLY (found flags and each found
@@ -40,7 +40,7 @@ import socket
 import time
 
 from kvstore import errors
-from kvstore.dataplane import frames, shm_messages, streams
+from kvstore.dataplane import frames, socket_messages, streams
 from kvstore.dataplane.base import ServerSettings
 from kvstore.dataplane.buffers import slot_bytes
 from kvstore.dataplane.connections import Connection
@@ -100,15 +100,15 @@ class TcpServer(SocketServer):
     def _hello(self, sock: socket.socket) -> Connection:
         """The connection a socket's HELLO claims; raises InvalidArgumentError or
         PermissionDeniedError (replied to the socket) otherwise."""
-        data, _ = shm_messages.receive(sock, self._max_message)
+        data, _ = socket_messages.receive(sock, self._max_message)
         try:
-            conn = self._claim(sock, *shm_messages.decode_hello(data))
+            conn = self._claim(sock, *socket_messages.decode_hello(data))
         except errors.KVStoreError as exc:
             with contextlib.suppress(OSError):
-                shm_messages.send(sock, shm_messages.encode_reply(Reply(error=exc)))
+                socket_messages.send(sock, socket_messages.encode_reply(Reply(error=exc)))
             raise
         conn.deadline = time.monotonic() + self.settings.idle_timeout_s
-        shm_messages.send(sock, shm_messages.encode_reply(Reply()))
+        socket_messages.send(sock, socket_messages.encode_reply(Reply()))
         log.info("event=tcp_connect client=%d", conn.client_id)
         return conn
 
@@ -117,9 +117,9 @@ class TcpServer(SocketServer):
         connection) for a CALL that does not decode, after replying its error."""
         start = time.perf_counter()
         try:
-            req, _ = shm_messages.decode_call(data, placed=False)
+            req, _ = socket_messages.decode_call(data, placed=False)
         except errors.KVStoreError as exc:
-            shm_messages.send(sock, shm_messages.encode_reply(Reply(error=exc)))
+            socket_messages.send(sock, socket_messages.encode_reply(Reply(error=exc)))
             log.info("event=tcp_bad_frame client=%d error=%s", conn.client_id, exc)
             raise
         op = req.op.name.lower()
@@ -132,9 +132,9 @@ class TcpServer(SocketServer):
                 self._get(sock, conn, req)  # sends its own reply, then the bytes
             else:
                 reply = self._put(sock, conn, req)
-                shm_messages.send(sock, shm_messages.encode_reply(reply))
+                socket_messages.send(sock, socket_messages.encode_reply(reply))
         except errors.KVStoreError as exc:
-            shm_messages.send(sock, shm_messages.encode_reply(Reply(error=exc)))
+            socket_messages.send(sock, socket_messages.encode_reply(Reply(error=exc)))
             if self.metrics is not None:
                 self.metrics.rejected.labels("tcp", op, type(exc).__name__).inc()
         if self.metrics is not None:
@@ -155,7 +155,7 @@ class TcpServer(SocketServer):
             deadline = time.monotonic() + self.settings.timeout_s  # for a client not reading
             streams.send_all(
                 sock,
-                [memoryview(shm_messages.framed(shm_messages.encode_reply(reply))), *units],
+                [memoryview(socket_messages.framed(socket_messages.encode_reply(reply))), *units],
                 deadline,
             )
         finally:
@@ -187,7 +187,7 @@ class TcpServer(SocketServer):
         todo = {i for i, s in enumerate(reserved.statuses) if s is PutStatus.RESERVED}
         try:
             if not req.eager:
-                shm_messages.send(sock, shm_messages.encode_reply(statuses))
+                socket_messages.send(sock, socket_messages.encode_reply(statuses))
             views = conn.store.reservation_views(rid, conn.peer) if todo else {}
             crcs = {}
             for i in range(len(req.keys)):  # summed from the node's copy, as it lands
@@ -212,7 +212,7 @@ class TcpServer(SocketServer):
         """The SUMS message behind an eager PUT's blocks; InvalidArgumentError if the next
         message is not exactly that."""
         try:
-            data, _ = shm_messages.receive(sock, self._max_message)
+            data, _ = socket_messages.receive(sock, self._max_message)
         except errors.InvalidArgumentError as exc:  # past the limit: the stream is out of step
             raise ConnectionError(str(exc)) from exc
-        return shm_messages.decode_sums(data, req)
+        return socket_messages.decode_sums(data, req)

@@ -1,4 +1,7 @@
-"""Messages of the same-host data plane over its Unix stream socket.
+"""Messages of the socket data planes: the same-host plane over its Unix stream socket,
+and the TCP plane (`tcp_server`, `tcp_client`), whose CALLs carry no placement frame
+(`decode_call(placed=False)`) and no file descriptors, with each call's block bytes on the
+stream between its messages.
 
 Every message is its length (u32) and then that many bytes; a length past what the reader
 takes ends the connection before anything is read into memory. File descriptors travel
