@@ -72,7 +72,8 @@ class Client:
         transport: how `get_into`/`put` move bytes: "shm" (shared memory with a node on
             this host), "ucx" or "tcp" (those data planes; each raises UnavailableError
             where it cannot be had), "grpc" (the portable path), "auto" (shm on the node's
-            host, else ucx when both ends have it, else tcp, else grpc).
+            host; else ucx then tcp on a host with an RDMA device, tcp then ucx on one
+            without; else grpc: `kvstore.dataplane.selection`).
         auth_token: bearer token sent with every call (a node with --auth-token-file
             answers calls without a known one UNAUTHENTICATED).
         tls_ca: PEM file of the CA the node's certificate chains to: connect over TLS.

@@ -29,6 +29,8 @@ from kvstore.checksum import checksum
 from kvstore.client import Client
 from kvstore.dataplane import frames, socket_messages
 from kvstore.dataplane.frames import Op, Reply, Request
+from kvstore.dataplane.runtime import has_rdma_device
+from kvstore.dataplane.selection import network_planes
 from kvstore.dataplane.tcp_client import TcpClient
 from kvstore.keys import KVLayout, Namespace, block_keys
 from kvstore.results import PutStatus
@@ -191,6 +193,39 @@ def test_auto_without_ucx_and_a_node_listening_everywhere(monkeypatch):
             keys, blocks = _chain(2, 6), _blocks(2, 6)
             assert client.put_chain(NS.id, keys, blocks).num_stored == 2
             assert isinstance(client.data_plane(), TcpClient)
+
+
+def test_auto_tries_ucx_first_only_on_a_host_with_an_rdma_device():
+    assert network_planes("auto", True, False) == ["tcp", "ucx"]
+    assert network_planes("auto", True, True) == ["ucx", "tcp"]
+    assert network_planes("auto", False, True) == ["tcp"]
+    assert network_planes("ucx", True, False) == ["ucx"]
+    assert network_planes("ucx", False, True) == []  # UnavailableError: ucxx is not here
+    assert network_planes("tcp", True, True) == ["tcp"]
+
+
+def test_an_rdma_device_is_one_the_kernel_lists(tmp_path):
+    assert not has_rdma_device(str(tmp_path / "absent"))
+    (tmp_path / "infiniband").mkdir()
+    assert not has_rdma_device(str(tmp_path / "infiniband"))
+    (tmp_path / "infiniband" / "mlx5_0").mkdir()
+    assert has_rdma_device(str(tmp_path / "infiniband"))
+
+
+def test_auto_without_rdma_still_takes_ucx_where_the_node_serves_no_tcp(monkeypatch):
+    """TCP first, but a node that refuses it (no tcp plane) is reached over UCX, not
+    left to gRPC."""
+    monkeypatch.setattr("kvstore.dataplane.selection.has_rdma_device", lambda: False)
+    config = ServerConfig(port=0, dataplane="ucx")
+    store = StoreConfig(dram_bytes=64 << 20, slab_bytes=1 << 20, max_batch_keys=64)
+    with (
+        EmbeddedServer(store, config) as server,
+        Client(server.address, transport="auto", timeout_s=10.0) as client,
+    ):
+        client.register_namespace(NS)
+        keys, blocks = _chain(2, 8), _blocks(2, 8)
+        assert client.put_chain(NS.id, keys, blocks).num_stored == 2
+        assert client.plane == "ucx"
 
 
 # -- hostile peers ------------------------------------------------------------------------
@@ -506,12 +541,13 @@ with Client(sys.argv[1], timeout_s=20.0, transport="auto") as client:
 """
 
 
-def test_a_client_on_another_host_moves_its_blocks_over_tcp(other_host):
+@pytest.mark.parametrize("dataplane", ["tcp", "auto"])
+def test_a_client_on_another_host_moves_its_blocks_over_tcp(other_host, dataplane):
     """On another host "auto" is refused shared memory (the node's socket is out of reach)
-    and UCX (this node runs none), and moves the blocks over the TCP plane; the node holds
-    exactly the bytes it sent."""
+    and, on a host with no RDMA device (this one), takes the TCP plane over UCX even where
+    the node runs both ("auto"); the node holds exactly the bytes it sent."""
     host, netns = other_host
-    config = ServerConfig(host=host, port=0, dataplane="tcp", insecure=True)
+    config = ServerConfig(host=host, port=0, dataplane=dataplane, insecure=True)
     store = StoreConfig(dram_bytes=64 << 20, slab_bytes=1 << 20, max_batch_keys=64)
     with EmbeddedServer(store, config) as server:
         env = {**os.environ, "PYTHONPATH": os.getcwd()}

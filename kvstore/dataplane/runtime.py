@@ -57,6 +57,16 @@ def is_available() -> bool:
     return True
 
 
+def has_rdma_device(root: str = "/sys/class/infiniband") -> bool:
+    """Whether this host has an RDMA device (InfiniBand, RoCE, iWARP: each one the kernel
+    knows is listed under `root`)."""
+    try:
+        with os.scandir(root) as entries:
+            return any(True for _ in entries)
+    except OSError:
+        return False
+
+
 _SIOCGIFADDR = 0x8915
 
 

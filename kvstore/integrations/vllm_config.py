@@ -28,7 +28,7 @@ class ConnectorConfig:
         model_id: namespace model id; empty means vLLM's model name. Processes that
             should share blocks must agree on it.
         timeout_s: deadline of each store call; a slow store costs at most this per step.
-        transport: "auto", "ucx" or "grpc" (see `kvstore.client.Client`).
+        transport: one of `TRANSPORT_CHOICES` (see `kvstore.client.Client`).
         save: publish computed prompt blocks to the store.
         publish_buffers: host staging blocks for publishing (allocated at start, each one
             store block); blocks computed while all are taken are dropped and counted.
