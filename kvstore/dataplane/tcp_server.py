@@ -35,6 +35,7 @@ in step.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import socket
 import time
@@ -190,14 +191,16 @@ class TcpServer(SocketServer):
                 socket_messages.send(sock, socket_messages.encode_reply(statuses))
             views = conn.store.reservation_views(rid, conn.peer) if todo else {}
             crcs = {}
-            for i in range(len(req.keys)):  # summed from the node's copy, as it lands
-                if i not in todo:
+            for reserved, group in itertools.groupby(range(len(req.keys)), todo.__contains__):
+                run = list(group)  # of blocks in a row, all reserved or none
+                if not reserved:
                     if req.eager:
-                        streams.drain(sock, req.block_bytes, self._scratch, deadline)
+                        streams.drain(sock, len(run) * req.block_bytes, self._scratch, deadline)
                     continue
-                crc = [0]
-                streams.receive_summed(sock, [memoryview(views[i]).cast("B")], crc, deadline)
-                crcs[i] = crc[0]
+                slots = [memoryview(views[i]).cast("B") for i in run]
+                landed = [0] * len(run)  # summed from the node's copy, as it lands
+                streams.receive_summed(sock, slots, landed, deadline)
+                crcs.update(zip(run, landed, strict=True))
             sums = self._read_sums(sock, req) if req.eager else req.checksums
             conn.store.commit(rid, sums, conn.peer, written=crcs)
         except BaseException:
