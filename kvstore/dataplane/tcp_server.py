@@ -190,10 +190,10 @@ class TcpServer(SocketServer):
             if not req.eager:
                 socket_messages.send(sock, socket_messages.encode_reply(statuses))
             views = conn.store.reservation_views(rid, conn.peer) if todo else {}
-            crcs = {}
-            for reserved, group in itertools.groupby(range(len(req.keys)), todo.__contains__):
+            crcs: dict[int, int] = {}
+            for in_todo, group in itertools.groupby(range(len(req.keys)), todo.__contains__):
                 run = list(group)  # of blocks in a row, all reserved or none
-                if not reserved:
+                if not in_todo:
                     if req.eager:
                         streams.drain(sock, len(run) * req.block_bytes, self._scratch, deadline)
                     continue
