@@ -67,15 +67,14 @@ class ShmClient(ShmConnection):
         parents: Sequence[bytes | None] | None,
         block_bytes: int,
     ) -> tuple[Any, ...]:
-        bufs = self._checked(keys, blocks, block_bytes, writable=False)
-        where = self._shared.where([bufs])
+        args = super()._put_args(namespace_id, keys, blocks, parents, block_bytes)
+        where = self._shared.where([args[2]])  # the checked buffers
         if where is None and len(keys) * block_bytes > self._limit:
             raise errors.BatchTooLargeError(
                 f"a put of {len(keys) * block_bytes} bytes; the node's shared-memory region "
                 f"holds at most {self._limit} (max_shm_region_bytes)"
             )
-        parents_t = tuple(parents) if parents is not None else None
-        return (namespace_id, tuple(keys), bufs, parents_t, block_bytes, where)
+        return (*args, where)
 
     def _get(
         self,
