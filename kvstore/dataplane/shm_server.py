@@ -17,6 +17,12 @@ Per call, on the connection's own thread (calls of one connection are served in 
          behind it, summed while the node copied), else abort; reply with the statuses.
          Blocks already present or in flight are never read.
 
+A put's copies run on the connection's thread and on any idle helper beside it (`crew`:
+one core's copy is bound by the misses it keeps in flight, so two copy a batch faster);
+the reservation ends only once every copy is done. A get's stay on the connection's
+thread: the client checks each block as it lands, so the two already keep two cores busy
+(a helper there took the check's core: 64 x 4 MiB gets 44 -> 50 ms on two cores).
+
 The socket is local, so this plane serves only clients on the node's host (in its network
 namespace); `kvstore.client` uses it there and UCX elsewhere. Malformed messages get a
 typed error reply and change nothing; a message past the size limit ends the connection.
@@ -25,6 +31,7 @@ typed error reply and change nothing; a message past the size limit ends the con
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import secrets
 import socket
@@ -37,6 +44,7 @@ from kvstore.dataplane import frames, socket_messages
 from kvstore.dataplane.base import ServerSettings
 from kvstore.dataplane.buffers import slot_bytes
 from kvstore.dataplane.connections import Connection
+from kvstore.dataplane.crew import Crew
 from kvstore.dataplane.frames import Op, Reply, Request
 from kvstore.dataplane.regions import Region, Regions, copy, copy_summed
 from kvstore.dataplane.socket_server import SocketServer
@@ -65,11 +73,16 @@ class ShmServer(SocketServer):
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(self._name)
         listener.listen(128)
+        self._crew = Crew.for_host()  # copies a put's blocks beside the connection's thread
         super().__init__(store, listener, settings, metrics, tenants)
 
     @property
     def address(self) -> bytes:
         return self._name
+
+    def stop(self) -> None:
+        super().stop()
+        self._crew.shutdown()
 
     # -- a connection --------------------------------------------------------------------
 
@@ -202,9 +215,11 @@ class ShmServer(SocketServer):
         todo = [i for i, s in enumerate(reserved.statuses) if s is PutStatus.RESERVED]
         try:
             views = conn.store.reservation_views(rid, conn.peer) if todo else {}
-            crcs = {}
-            for i in todo:  # summed from the node's copy, which the client cannot touch
-                crcs[i] = copy_summed(np.frombuffer(views[i], np.uint8), sources[i])
+            copies = [  # summed from the node's copy, which the client cannot touch
+                functools.partial(copy_summed, np.frombuffer(views[i], np.uint8), sources[i])
+                for i in todo
+            ]
+            crcs = dict(zip(todo, self._crew.run(copies, len(todo) * req.block_bytes), strict=True))
             checksums = req.checksums if sums is None else sums.read()
             conn.store.commit(rid, checksums or None, conn.peer, written=crcs)
         except BaseException:
