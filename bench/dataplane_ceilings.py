@@ -8,7 +8,8 @@ What every shm get and put must do, and nothing else:
   socket; the client sums each block where it landed (CRC32C, the check every get makes).
 - put: the client says go, then sums its blocks and sends the sums (an eager put); the
   node copies each block from the region into its own memory, summing its copy piece by
-  piece (`copy_summed`), then reads the sums and says done.
+  piece (`copy_summed`), on its thread and an idle helper's as a kvstore node does
+  (`Crew`), then reads the sums and says done.
 
 Both sides run at once on their own cores, block by block: about as close as two
 processes can pipeline a copy and a check. On a host with two cores the two passes share
@@ -19,6 +20,7 @@ to memcpy, and this row's own ratio to memcpy.
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 import socket
@@ -29,6 +31,7 @@ import numpy as np
 
 from bench.dataplane_peers import Cell, _recv_into, _timed
 from kvstore.checksum import checksum
+from kvstore.dataplane.crew import Crew
 from kvstore.dataplane.regions import Region, copy, copy_summed
 
 _CELL = struct.Struct("<cQQ")  # op, batch, block_bytes; one per cell, then b"g" per batch
@@ -58,7 +61,7 @@ def _serve(sock: socket.socket) -> None:
     size = os.fstat(fds[0]).st_size
     region = Region(fds[0], size)
     os.close(fds[0])
-    slots = np.ones(0, np.uint8)
+    slots, crew = np.ones(0, np.uint8), Crew.for_host()
     while True:
         try:
             op, batch, block = _CELL.unpack(_receive(sock, _CELL.size))
@@ -67,15 +70,16 @@ def _serve(sock: socket.socket) -> None:
         if len(slots) < batch * block:  # the store's memory, touched once
             slots = np.ones(batch * block, np.uint8)
         sock.sendall(b"k")
+        mine = [slots[i * block : (i + 1) * block] for i in range(batch)]
+        theirs = [region.array[i * block : (i + 1) * block] for i in range(batch)]
         while _receive(sock, 1) == b"g":
-            for i in range(batch):
-                mine, theirs = slots[i * block : (i + 1) * block], region.array[i * block :]
-                if op == b"G":
-                    copy(theirs[:block], mine)
+            if op == b"G":
+                for i in range(batch):
+                    copy(theirs[i], mine[i])
                     sock.sendall(b"b")
-                else:
-                    copy_summed(mine, theirs[:block])
-            if op == b"P":
+            else:
+                pairs = zip(mine, theirs, strict=True)
+                crew.run([functools.partial(copy_summed, m, t) for m, t in pairs], batch * block)
                 _receive(sock, 4 * batch)  # the client's sums
                 sock.sendall(b"d")
 
