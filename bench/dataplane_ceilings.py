@@ -9,7 +9,7 @@ What every shm get and put must do, and nothing else:
 - put: the client says go, then sums its blocks and sends the sums (an eager put); the
   node copies each block from the region into its own memory, summing its copy piece by
   piece (`copy_summed`), on its thread and an idle helper's as a kvstore node does
-  (`Crew`), then reads the sums and says done.
+  (`crew`), then reads the sums and says done.
 
 Both sides run at once on their own cores, block by block: about as close as two
 processes can pipeline a copy and a check. On a host with two cores the two passes share
@@ -31,7 +31,7 @@ import numpy as np
 
 from bench.dataplane_peers import Cell, _recv_into, _timed
 from kvstore.checksum import checksum
-from kvstore.dataplane.crew import Crew
+from kvstore.dataplane import crew
 from kvstore.dataplane.regions import Region, copy, copy_summed
 
 _CELL = struct.Struct("<cQQ")  # op, batch, block_bytes; one per cell, then b"g" per batch
@@ -61,7 +61,7 @@ def _serve(sock: socket.socket) -> None:
     size = os.fstat(fds[0]).st_size
     region = Region(fds[0], size)
     os.close(fds[0])
-    slots, crew = np.ones(0, np.uint8), Crew.for_host()
+    slots = np.ones(0, np.uint8)
     while True:
         try:
             op, batch, block = _CELL.unpack(_receive(sock, _CELL.size))
@@ -79,7 +79,9 @@ def _serve(sock: socket.socket) -> None:
                     sock.sendall(b"b")
             else:
                 pairs = zip(mine, theirs, strict=True)
-                crew.run([functools.partial(copy_summed, m, t) for m, t in pairs], batch * block)
+                crew.shared().run(
+                    [functools.partial(copy_summed, m, t) for m, t in pairs], batch * block
+                )
                 _receive(sock, 4 * batch)  # the client's sums
                 sock.sendall(b"d")
 

@@ -26,7 +26,7 @@ from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.checksum import checksum
 from kvstore.client import Client
 from kvstore.client_common import raise_rpc_error
-from kvstore.dataplane import frames, socket_messages
+from kvstore.dataplane import crew, frames, socket_messages
 from kvstore.dataplane.base import Admission
 from kvstore.dataplane.frames import Op, Reply, Request
 from kvstore.dataplane.regions import Region, placement
@@ -185,6 +185,31 @@ def note_bytes(request, monkeypatch):
     if request.param == "a note per block":
         monkeypatch.setattr(socket_messages, "NOTE_BYTES", NS.block_bytes)
     return socket_messages.NOTE_BYTES
+
+
+@pytest.fixture(params=["alone", "with helpers"])
+def crewed(request, monkeypatch):
+    """Whether a put's copies (the client's staging, the node's copy and sum) are shared
+    with the process's helper threads (`crew`): as shipped (never, for these small puts)
+    or from two blocks up."""
+    if request.param == "with helpers":
+        monkeypatch.setattr(crew, "MIN_SHARED_BYTES", 2 * NS.block_bytes)
+    return request.param
+
+
+def test_puts_staged_or_shared_store_every_block_whole(node, crewed):
+    """A put's blocks staged (plain arrays) or in shared memory, copied alone or with the
+    crew's helpers, are stored byte for byte under their own keys."""
+    keys, blocks = _chain(8, 47), _blocks(8, 47)
+    with _client(node) as client, _client(node, "grpc") as grpc_client:
+        assert client.put_chain(NS.id, keys[:4], blocks[:4]).num_stored == 4  # staged
+        shared = client.buffer(4 * NS.block_bytes).reshape(4, NS.block_bytes)
+        shared[:] = blocks[4:]
+        assert client.put_chain(NS.id, keys[4:], list(shared)).num_stored == 4
+        stored = grpc_client.get(NS.id, keys).blocks
+        assert [bytes(b) for b in stored] == [b.tobytes() for b in blocks]
+        client.remove(NS.id, keys)
+    _quiet(node)
 
 
 def _shared_files() -> set[str]:
@@ -469,7 +494,7 @@ def test_regions_past_the_limits_or_never_handed_over_are_refused(node, hello):
     _round_trip_works(node, seed=41)
 
 
-def test_a_put_whose_bytes_do_not_match_its_sums_is_not_committed(node, hello):
+def test_a_put_whose_bytes_do_not_match_its_sums_is_not_committed(node, hello, crewed):
     """The node sums its own copy: blocks that differ from the checksums the call carries
     (a client that changed them after summing) are refused whole, and nothing is stored."""
     sock, region = hello
@@ -485,7 +510,7 @@ def test_a_put_whose_bytes_do_not_match_its_sums_is_not_committed(node, hello):
     _quiet(node)
 
 
-def test_eager_puts_take_their_sums_from_the_message_behind_them(node, hello):
+def test_eager_puts_take_their_sums_from_the_message_behind_them(node, hello, crewed):
     """An eager put's sums follow it (the client sums while the node copies): right sums
     commit; wrong or missing ones commit nothing; a put refused before its copy still reads
     its sums, so the stream stays one reply per call."""

@@ -21,7 +21,7 @@ import numpy as np
 
 from kvstore import errors
 from kvstore.checksum import checksum
-from kvstore.dataplane import frames, socket_messages
+from kvstore.dataplane import crew, frames, socket_messages
 from kvstore.dataplane.buffers import TransferBuffer, check_keys, host_bytes
 from kvstore.dataplane.frames import Op, Reply, Request
 from kvstore.dataplane.landing import Landing, Take, copied_out, summed
@@ -75,6 +75,21 @@ class ShmClient(ShmConnection):
                 f"holds at most {self._limit} (max_shm_region_bytes)"
             )
         return (*args, where)
+
+    def _stage(self, bufs: list[TransferBuffer], block_bytes: int) -> list[int]:
+        """Copies block i into the staging region at `i * block_bytes`; returns the CRC32C
+        of each staged copy. Host blocks are copied on this thread and any idle helper's
+        (`crew`); device blocks one after another on this one."""
+        region = self._room(len(bufs) * block_bytes)
+
+        def stage(i: int) -> int:
+            staged = region.array[i * block_bytes : (i + 1) * block_bytes]
+            return copy_summed(staged, np.frombuffer(host_bytes(bufs[i]), np.uint8))
+
+        jobs = [functools.partial(stage, i) for i in range(len(bufs))]
+        if any(b.is_device for b in bufs):
+            return [job() for job in jobs]
+        return crew.shared().run(jobs, len(bufs) * block_bytes)
 
     def _get(
         self,
@@ -197,10 +212,7 @@ class ShmClient(ShmConnection):
             assert self._sock is not None
             socket_messages.send(self._sock, socket_messages.encode_sums(req.request_id, sums))
         else:
-            region, sums = self._room(len(keys) * block_bytes), []
-            for i, buf in enumerate(bufs):
-                staged = region.array[i * block_bytes : (i + 1) * block_bytes]
-                sums.append(copy_summed(staged, np.frombuffer(host_bytes(buf), np.uint8)))
+            sums = self._stage(bufs, block_bytes)
             offsets = [placement(0, i * block_bytes) for i in range(len(keys))]
             self._send(req._replace(checksums=tuple(sums)), offsets)
         reply = self._reply(len(keys))
