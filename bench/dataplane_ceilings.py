@@ -31,7 +31,7 @@ import numpy as np
 
 from bench.dataplane_peers import Cell, _recv_into, _timed
 from kvstore.checksum import checksum
-from kvstore.dataplane import crew
+from kvstore.dataplane.crew import Crew
 from kvstore.dataplane.regions import Region, copy, copy_summed
 
 _CELL = struct.Struct("<cQQ")  # op, batch, block_bytes; one per cell, then b"g" per batch
@@ -61,7 +61,7 @@ def _serve(sock: socket.socket) -> None:
     size = os.fstat(fds[0]).st_size
     region = Region(fds[0], size)
     os.close(fds[0])
-    slots = np.ones(0, np.uint8)
+    slots, crew = np.ones(0, np.uint8), Crew.for_host()
     while True:
         try:
             op, batch, block = _CELL.unpack(_receive(sock, _CELL.size))
@@ -79,9 +79,7 @@ def _serve(sock: socket.socket) -> None:
                     sock.sendall(b"b")
             else:
                 pairs = zip(mine, theirs, strict=True)
-                crew.shared().run(
-                    [functools.partial(copy_summed, m, t) for m, t in pairs], batch * block
-                )
+                crew.run([functools.partial(copy_summed, m, t) for m, t in pairs], batch * block)
                 _receive(sock, 4 * batch)  # the client's sums
                 sock.sendall(b"d")
 

@@ -98,3 +98,11 @@ def test_a_failed_job_raises_only_once_no_job_is_running(crew):
             crew.run(jobs.all(), 64 << 18)
         assert jobs.running == 0
         assert max(jobs.runs) == 1
+
+
+def test_a_crew_shut_down_leaves_the_work_to_the_caller():
+    crew = Crew(2)
+    crew.shutdown()
+    jobs = _Jobs(8)
+    assert len(crew.run(jobs.all(), 8 << 20)) == 8
+    assert jobs.threads == [threading.get_ident()] * 8

@@ -190,8 +190,8 @@ def note_bytes(request, monkeypatch):
 @pytest.fixture(params=["alone", "with helpers"])
 def crewed(request, monkeypatch):
     """Whether a put's copies (the client's staging, the node's copy and sum) are shared
-    with the process's helper threads (`crew`): as shipped (never, for these small puts)
-    or from two blocks up."""
+    with their crew's helper threads: as shipped (never, for these small puts) or from two
+    blocks up."""
     if request.param == "with helpers":
         monkeypatch.setattr(crew, "MIN_SHARED_BYTES", 2 * NS.block_bytes)
     return request.param

@@ -6,11 +6,12 @@ MiB in 0.36-0.51x the time one took, and copied and summed them in 0.55-0.65x. N
 copies and CRC32C let go of the GIL, so threads of one process share the work.
 
 `Crew.run(jobs)` takes the jobs in order, one at a time, on the caller's thread, while
-helpers of a pool (the process's, `shared()`) take the next ones beside it. The caller
-never waits for a helper that has not started (one busy with another connection's batch):
-once no job is left to take, helpers still queued are called off, and the caller waits
-only for the job each running helper is on. So a busy process degrades to copying on the
-caller's thread, as without a crew; an idle core joins in.
+the crew's helpers take the next ones beside it (a node has one crew for all of its
+connections, a client one per connection). The caller never waits for a helper that has
+not started (one busy with another connection's batch): once no job is left to take,
+helpers still queued are called off, and the caller waits only for the job each running
+helper is on. So a busy process degrades to copying on the caller's thread, as without a
+crew; an idle core joins in.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from __future__ import annotations
 import concurrent.futures
 import itertools
 import os
-import threading
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -38,6 +38,12 @@ class Crew:
             if self.helpers
             else None
         )
+
+    @classmethod
+    def for_host(cls) -> Crew:
+        """A helper per core beside the caller's, at most three (threads start on first
+        use; idle ones wait on a queue)."""
+        return cls(min(3, (os.cpu_count() or 1) - 1))
 
     def run(self, jobs: Sequence[Callable[[], T]], nbytes: int = MIN_SHARED_BYTES) -> list[T]:
         """Every job's result, in order; the first exception any job raised (later jobs
@@ -59,7 +65,12 @@ class Crew:
                     failed.append(exc)
                     return
 
-        helping = [self._pool.submit(work) for _ in range(min(self.helpers, len(jobs) - 1))]
+        helping = []
+        for _ in range(min(self.helpers, len(jobs) - 1)):
+            try:
+                helping.append(self._pool.submit(work))
+            except RuntimeError:  # shut down meanwhile: the caller does the rest
+                break
         work()
         for future in helping:
             if not future.cancel():
@@ -71,17 +82,3 @@ class Crew:
     def shutdown(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-_shared: Crew | None = None
-_shared_lock = threading.Lock()
-
-
-def shared() -> Crew:
-    """The process's crew, made on first use: a helper per core beside the caller's, at
-    most three (idle helpers wait on a queue and cost nothing)."""
-    global _shared
-    with _shared_lock:
-        if _shared is None:
-            _shared = Crew(min(3, (os.cpu_count() or 1) - 1))
-        return _shared

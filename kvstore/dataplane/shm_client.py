@@ -21,7 +21,7 @@ import numpy as np
 
 from kvstore import errors
 from kvstore.checksum import checksum
-from kvstore.dataplane import crew, frames, socket_messages
+from kvstore.dataplane import frames, socket_messages
 from kvstore.dataplane.buffers import TransferBuffer, check_keys, host_bytes
 from kvstore.dataplane.frames import Op, Reply, Request
 from kvstore.dataplane.landing import Landing, Take, copied_out, summed
@@ -79,7 +79,7 @@ class ShmClient(ShmConnection):
     def _stage(self, bufs: list[TransferBuffer], block_bytes: int) -> list[int]:
         """Copies block i into the staging region at `i * block_bytes`; returns the CRC32C
         of each staged copy. Host blocks are copied on this thread and any idle helper's
-        (`crew`); device blocks one after another on this one."""
+        of the connection's crew; device blocks one after another on this one."""
         region = self._room(len(bufs) * block_bytes)
 
         def stage(i: int) -> int:
@@ -89,7 +89,7 @@ class ShmClient(ShmConnection):
         jobs = [functools.partial(stage, i) for i in range(len(bufs))]
         if any(b.is_device for b in bufs):
             return [job() for job in jobs]
-        return crew.shared().run(jobs, len(bufs) * block_bytes)
+        return self._crew.run(jobs, len(bufs) * block_bytes)
 
     def _get(
         self,

@@ -16,6 +16,7 @@ import numpy as np
 
 from kvstore.dataplane import in_place, socket_messages
 from kvstore.dataplane.base import Admission
+from kvstore.dataplane.crew import Crew
 from kvstore.dataplane.placed import PlacedRows
 from kvstore.dataplane.regions import Region, SharedBuffers
 from kvstore.dataplane.socket_connection import Handshake, SocketConnection
@@ -33,6 +34,7 @@ class ShmConnection(SocketConnection):
         self._region: Region | None = None  # staging, index 0; grown by `_room`
         self._shared = SharedBuffers()
         self._limit = 0
+        self._crew = Crew.for_host()  # copies a staged put's blocks beside the caller's thread
         super().__init__(handshake, timeout_s)
 
     def _connect(self, server_address: bytes) -> socket.socket:
@@ -87,6 +89,7 @@ class ShmConnection(SocketConnection):
 
     def _abort(self) -> None:
         super()._abort()
+        self._crew.shutdown()
         if self._region is not None:  # unmapped now, or when a call still on it ends
             self._region.close()
 

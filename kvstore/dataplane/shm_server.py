@@ -40,10 +40,11 @@ import time
 import numpy as np
 
 from kvstore import errors
-from kvstore.dataplane import crew, frames, socket_messages
+from kvstore.dataplane import frames, socket_messages
 from kvstore.dataplane.base import ServerSettings
 from kvstore.dataplane.buffers import slot_bytes
 from kvstore.dataplane.connections import Connection
+from kvstore.dataplane.crew import Crew
 from kvstore.dataplane.frames import Op, Reply, Request
 from kvstore.dataplane.regions import Region, Regions, copy, copy_summed
 from kvstore.dataplane.socket_server import SocketServer
@@ -72,11 +73,16 @@ class ShmServer(SocketServer):
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(self._name)
         listener.listen(128)
+        self._crew = Crew.for_host()  # copies a put's blocks beside the connection's thread
         super().__init__(store, listener, settings, metrics, tenants)
 
     @property
     def address(self) -> bytes:
         return self._name
+
+    def stop(self) -> None:
+        super().stop()
+        self._crew.shutdown()
 
     # -- a connection --------------------------------------------------------------------
 
@@ -213,9 +219,7 @@ class ShmServer(SocketServer):
                 functools.partial(copy_summed, np.frombuffer(views[i], np.uint8), sources[i])
                 for i in todo
             ]
-            crcs = dict(
-                zip(todo, crew.shared().run(copies, len(todo) * req.block_bytes), strict=True)
-            )
+            crcs = dict(zip(todo, self._crew.run(copies, len(todo) * req.block_bytes), strict=True))
             checksums = req.checksums if sums is None else sums.read()
             conn.store.commit(rid, checksums or None, conn.peer, written=crcs)
         except BaseException:
