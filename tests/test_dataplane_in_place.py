@@ -42,6 +42,25 @@ def _mapped_files(name: str) -> dict[str, set[str]]:
     return files
 
 
+def test_address_of_is_where_the_bytes_start_writable_read_only_or_empty():
+    base = np.zeros(4 * PAGE, np.uint8)
+    start = base.__array_interface__["data"][0]
+    read_only = base[PAGE:].view()
+    read_only.flags.writeable = False
+    cases = [
+        (base, start),
+        (base[100:], start + 100),
+        (memoryview(base)[7:], start + 7),
+        (read_only, start + PAGE),
+        (base[5:5], None),  # empty: no bytes to place, as numpy says
+        (bytearray(b"x"), None),
+    ]
+    for buf, want in cases:
+        got = address_of(buf)
+        assert got == np.frombuffer(buf, np.uint8).__array_interface__["data"][0]
+        assert want is None or got == want
+
+
 def test_interiors_are_the_whole_pages_inside_arrays_that_touch_or_overlap_merged():
     memory = _page_aligned(10 * PAGE)
     a, b, c = memory[100 : 3 * PAGE], memory[3 * PAGE : 5 * PAGE + 7], memory[8 * PAGE - 1 :]

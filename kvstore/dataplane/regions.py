@@ -238,8 +238,12 @@ class SharedBuffers:
 
 
 def address_of(buf: Any) -> int:
-    """Where a host buffer's bytes start."""
-    return int(np.frombuffer(buf, np.uint8).__array_interface__["data"][0])
+    """Where a host buffer's bytes start. Paid per buffer of every same-host call: a
+    writable one's is read through ctypes (0.5 us here; numpy's view of it took 3.5)."""
+    view = memoryview(buf)
+    if view.readonly or not view.nbytes:
+        return int(np.frombuffer(view, np.uint8).__array_interface__["data"][0])
+    return ctypes.addressof(ctypes.c_char.from_buffer(view))
 
 
 def copy(dst: np.ndarray, src: np.ndarray) -> None:
