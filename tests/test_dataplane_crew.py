@@ -72,14 +72,16 @@ def test_a_small_batch_or_a_crew_of_none_stays_on_the_callers_thread(crew):
 
 def test_the_caller_never_waits_for_a_helper_busy_with_another_batch():
     crew = Crew(1)
-    release, timed_out = threading.Event(), []
+    release, entered, timed_out = threading.Event(), threading.Semaphore(0), []
 
-    def blocked() -> None:  # holds the crew's one helper until released
+    def blocked() -> None:  # holds its thread (the holder's, the crew's one helper)
+        entered.release()
         timed_out.append(not release.wait(timeout=30))
 
     holding = threading.Thread(target=crew.run, args=([blocked, blocked], MIN_SHARED_BYTES))
     holding.start()
     try:
+        assert entered.acquire(timeout=30) and entered.acquire(timeout=30)  # helper held
         jobs = _Jobs(16)
         results = crew.run(jobs.all(), 16 << 18)  # the helper is busy: the caller does it all
         assert len(results) == 16 and jobs.threads == [threading.get_ident()] * 16
