@@ -45,7 +45,7 @@ class Crew:
         use; idle ones wait on a queue)."""
         return cls(min(3, (os.cpu_count() or 1) - 1))
 
-    def run(self, jobs: Sequence[Callable[[], T]], nbytes: int = MIN_SHARED_BYTES) -> list[T]:
+    def run(self, jobs: Sequence[Callable[[], T]], nbytes: int) -> list[T]:
         """Every job's result, in order; the first exception any job raised (later jobs
         then are not started). `nbytes`: what the batch moves (below MIN_SHARED_BYTES,
         or with one job, the caller does it all)."""

@@ -86,9 +86,9 @@ class ShmClient(ShmConnection):
             staged = region.array[i * block_bytes : (i + 1) * block_bytes]
             return copy_summed(staged, np.frombuffer(host_bytes(bufs[i]), np.uint8))
 
-        jobs = [functools.partial(stage, i) for i in range(len(bufs))]
         if any(b.is_device for b in bufs):
-            return [job() for job in jobs]
+            return [stage(i) for i in range(len(bufs))]
+        jobs = [functools.partial(stage, i) for i in range(len(bufs))]
         return self._crew.run(jobs, len(bufs) * block_bytes)
 
     def _get(
