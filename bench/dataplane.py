@@ -191,7 +191,8 @@ def _per_cell_ucxx(address: bytes, reps: dict) -> dict:
 
 
 @contextlib.contextmanager
-def _kvstore_server(env: dict[str, str], dataplane: str) -> Iterator[str]:
+def _kvstore_server(env: dict[str, str], dataplane: str) -> Iterator[tuple[str, int]]:
+    """A kvstore node serving `dataplane`; yields its address and pid."""
     port = _free_port()
     cmd = [
         sys.executable, "-m", "kvstore.cli", "--log-level", "WARNING", "serve",
@@ -205,7 +206,7 @@ def _kvstore_server(env: dict[str, str], dataplane: str) -> Iterator[str]:
 
         with Client(f"127.0.0.1:{port}") as client:
             client.wait_ready(timeout_s=60)
-        yield f"127.0.0.1:{port}"
+        yield f"127.0.0.1:{port}", proc.pid
     finally:
         proc.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -215,7 +216,7 @@ def _kvstore_server(env: dict[str, str], dataplane: str) -> Iterator[str]:
 
 def _run_kvstore(quick: bool, transport: str, env: dict[str, str]) -> dict:
     plane = transport if transport in ("shm", "ucx", "tcp") else "none"
-    with _kvstore_server(env, plane) as address:
+    with _kvstore_server(env, plane) as (address, _):
         reps = {c: _reps(c[1], c[2], quick) for c in _cells()}
         return _drive(_kvstore_cells, address, transport, reps, env=env)
 
