@@ -26,7 +26,7 @@ from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.checksum import checksum
 from kvstore.client import Client
 from kvstore.client_common import raise_rpc_error
-from kvstore.dataplane import crew, frames, socket_messages
+from kvstore.dataplane import crew, frames, shm_server, socket_messages
 from kvstore.dataplane.base import Admission
 from kvstore.dataplane.frames import Op, Reply, Request
 from kvstore.dataplane.regions import Region, placement
@@ -100,7 +100,7 @@ def _holders(files: set[tuple[int, int]]) -> int:
     return held
 
 
-def test_shm_moves_the_bytes_the_other_paths_read(node):
+def test_shm_moves_the_bytes_the_other_paths_read(node, crewed):
     keys, blocks = _chain(8, 1), _blocks(8, 1)
     with _client(node) as shm, _client(node, "grpc") as grpc_client:
         assert isinstance(shm.data_plane(), ShmClient)
@@ -189,11 +189,12 @@ def note_bytes(request, monkeypatch):
 
 @pytest.fixture(params=["alone", "with helpers"])
 def crewed(request, monkeypatch):
-    """Whether a put's copies (the client's staging, the node's copy and sum) are shared
-    with their crew's helper threads: as shipped (never, for these small puts) or from two
-    blocks up."""
+    """Whether a call's copies (a put's staging, the node's copy and sum of a put, the
+    node's copy of a get) are shared with their crew's helper threads: as shipped (never,
+    for these small calls) or from two blocks up."""
     if request.param == "with helpers":
         monkeypatch.setattr(crew, "MIN_SHARED_BYTES", 2 * NS.block_bytes)
+        monkeypatch.setattr(shm_server, "GET_SHARED_BYTES", 2 * NS.block_bytes)
     return request.param
 
 
@@ -237,7 +238,7 @@ def test_warm_up_pays_a_first_large_calls_region_before_it(node, warmed):
     _quiet(node)
 
 
-def test_corrupted_block_is_never_accepted_by_the_client(node, note_bytes):
+def test_corrupted_block_is_never_accepted_by_the_client(node, note_bytes, crewed):
     keys, blocks = _chain(3, 3), _blocks(3, 3)
     with _client(node) as client:
         client.put_chain(NS.id, keys, blocks)
@@ -399,9 +400,10 @@ def _call(sock, req: Request, offsets, notes: list | None = None) -> Reply | Non
     return _reply_of(data, len(req.keys), req.op is Op.GET)
 
 
-def test_a_get_says_which_blocks_landed_while_the_node_copies(node, hello, monkeypatch):
+def test_a_get_says_which_blocks_landed_while_the_node_copies(node, hello, monkeypatch, crewed):
     """After every two blocks' bytes copied, a LANDED note names the keys done since the
-    last one with their found flags; none after the last block (the reply follows)."""
+    last one with their found flags; none after the last block (the reply follows). With
+    helpers copying too, notes still come in order (`_in_order`)."""
     monkeypatch.setattr(socket_messages, "NOTE_BYTES", 2 * NS.block_bytes)
     sock, region = hello
     keys, blocks = _chain(6, 25), _blocks(6, 25)
@@ -413,7 +415,7 @@ def test_a_get_says_which_blocks_landed_while_the_node_copies(node, hello, monke
     req = Request(Op.GET, 7, NS.id, tuple(keys), NS.block_bytes)
     reply = _call(sock, req, [i * NS.block_bytes for i in range(6)], notes)
     assert reply is not None and reply.flags == (1, 1, 0, 1, 1, 0)
-    assert notes == [(7, 0, b"\1\1"), (7, 2, b"\0\1\1")]
+    _in_order(notes, [(7, 0, b"\1\1"), (7, 2, b"\0\1\1")], crewed)
     for i in (0, 1, 3, 4):
         assert (region.array[i * NS.block_bytes :][: NS.block_bytes] == blocks[i]).all()
     with _client(node) as client:
@@ -421,7 +423,9 @@ def test_a_get_says_which_blocks_landed_while_the_node_copies(node, hello, monke
     _quiet(node)
 
 
-def test_a_get_in_parts_lands_part_major_and_says_when_each_part_is_in(node, hello, monkeypatch):
+def test_a_get_in_parts_lands_part_major_and_says_when_each_part_is_in(
+    node, hello, monkeypatch, crewed
+):
     """A GET in 4 parts of 4 keys (key 1 missing) is copied part-major: unit `4 * s + i` is
     part s of key i. A note comes after every two parts' bytes copied and at the end of
     each part (three parts' bytes: more than NOTE_BYTES), none after the last unit."""
@@ -440,7 +444,7 @@ def test_a_get_in_parts_lands_part_major_and_says_when_each_part_is_in(node, hel
     assert reply is not None and reply.flags == (1, 0, 1, 1)
     parts = [(8, 4 * s, b"\1\0\1") for s in range(4)]
     ends = [(8, 4 * s + 3, b"\1") for s in range(3)]
-    assert notes == sorted(parts + ends, key=lambda note: note[1])
+    _in_order(notes, sorted(parts + ends, key=lambda note: note[1]), crewed)
     for s in range(4):
         for i in (0, 2, 3):
             landed = region.array[(4 * s + i) * size :][:size]
@@ -448,6 +452,22 @@ def test_a_get_in_parts_lands_part_major_and_says_when_each_part_is_in(node, hel
     with _client(node) as client:
         client.remove(NS.id, keys)
     _quiet(node)
+
+
+def _in_order(notes: list, serial: list, crewed: str) -> None:
+    """The notes of a get copied alone are `serial`. Copied with helpers, a run may land
+    before the one ahead of it: then one note names both, and the last ones may go unsaid
+    (the reply names them). Either way the notes name units in order from the first, each
+    ends where a serial note ends, and their flags are the serial notes'."""
+    if crewed == "alone":
+        assert notes == serial
+        return
+    ends = {start + len(flags) for _, start, flags in serial}
+    said = 0
+    for request_id, start, flags in notes:
+        assert request_id == serial[0][0] and start == said and start + len(flags) in ends
+        said += len(flags)
+    assert b"".join(f for _, _, f in notes) == b"".join(f for _, _, f in serial)[:said]
 
 
 def test_calls_outside_the_region_change_nothing(node, hello):

@@ -19,9 +19,10 @@ Per call, on the connection's own thread (calls of one connection are served in 
 
 A put's copies run on the connection's thread and on any idle helper beside it (`crew`:
 one core's copy is bound by the misses it keeps in flight, so two copy a batch faster);
-the reservation ends only once every copy is done. A get's stay on the connection's
-thread: the client checks each block as it lands, so the two already keep two cores busy
-(a helper there took the check's core: 64 x 4 MiB gets 44 -> 50 ms on two cores).
+the reservation ends only once every copy is done. So do a large get's, a run of blocks
+between two LANDED notes per job (the notes said in order, once every run before one has
+landed), and the lease ends only once every copy is done. A get's copy is the longer side
+now that the client's check sums 2-4x faster than one core copies (`checksum`).
 
 The socket is local, so this plane serves only clients on the node's host (in its network
 namespace); `kvstore.client` uses it there and UCX elsewhere. Malformed messages get a
@@ -35,6 +36,7 @@ import functools
 import logging
 import secrets
 import socket
+import threading
 import time
 
 import numpy as np
@@ -55,6 +57,9 @@ from kvstore.store import Store
 from kvstore.tenancy import Tenants
 
 log = logging.getLogger("kvstore.dataplane")
+GET_SHARED_BYTES = 8 << 20  # a smaller get is copied by the connection's thread alone: a
+# helper's hand-off costs about what copying a tenth of it does, and the client checking
+# the blocks as they land needs the other core
 
 
 class ShmServer(SocketServer):
@@ -193,7 +198,7 @@ class ShmServer(SocketServer):
             hits = [i for i, v in enumerate(lease.views) if v is not None]
             flags = frames.flags_of(lease.found)
             blocks = {i: slot_bytes(lease.views[i]) for i in hits}
-            _copy_noting(sock, req, targets, blocks, tuple(flags) * req.segments)
+            _copy_noting(sock, req, targets, blocks, tuple(flags) * req.segments, self._crew)
             sums = tuple(lease.checksums[i] for i in hits)
         finally:
             conn.store.release(lease.lease_id)
@@ -238,31 +243,86 @@ def _copy_noting(
     targets: list[np.ndarray],
     blocks: dict[int, np.ndarray],
     units: tuple[int, ...],
+    crew: Crew,
 ) -> None:
     """Copies each found block's parts into `targets`, part-major (unit `s * num_keys + i`,
     part s of key i, found if `units[u]`), and says which units landed (LANDED): after
     every NOTE_BYTES copied, and at the end of each part of at least NOTE_BYTES (layer s of
-    every block in). Never waits under the lease for a client that does not read: a note
-    the socket cannot take at once ends the notes of this call."""
+    every block in). The units between two notes are one job of `crew`; a note is said once
+    every unit before it has landed, whichever thread copied them. Never waits under the
+    lease for a client that does not read: a note the socket cannot take at once ends the
+    notes of this call."""
     size, num_keys = req.block_bytes // req.segments, len(req.keys)
-    part_bytes, last = len(blocks) * size, len(units)
-    said, copied, noting = 0, 0, True
+    runs = _runs(num_keys, req.segments, list(blocks), size)
+    notes = _Notes(sock, req, units, runs)
 
-    def note(through: int) -> None:
-        nonlocal said, copied, noting
-        landed = socket_messages.encode_landed(req.request_id, said, units[said:through])
-        noting = socket_messages.try_send(sock, landed)
-        said, copied = through, 0
+    def copy_run(k: int) -> None:
+        for u in range(*runs[k]):
+            part, i = divmod(u, num_keys)
+            block = blocks.get(i)
+            if block is not None:
+                copy(targets[u], block[part * size : (part + 1) * size])
+        notes.landed(k)
 
-    for s in range(req.segments):
-        for i, block in blocks.items():
-            copy(targets[s * num_keys + i], block[s * size : (s + 1) * size])
+    jobs = [functools.partial(copy_run, k) for k in range(len(runs))]
+    nbytes = len(blocks) * req.block_bytes
+    if nbytes < GET_SHARED_BYTES:
+        for job in jobs:
+            job()
+        return
+    crew.run(jobs, nbytes)
+
+
+def _runs(num_keys: int, segments: int, hits: list[int], size: int) -> list[tuple[int, int]]:
+    """The units from one note to the next, in order, as (start, end): a note after every
+    NOTE_BYTES of found parts and at the end of each part of NOTE_BYTES or more; none at
+    the last unit (the reply follows it)."""
+    last, part_bytes = segments * num_keys, len(hits) * size
+    ends: list[int] = []
+    copied = 0
+    for s in range(segments):
+        for i in hits:
             copied += size
-            if noting and copied >= socket_messages.NOTE_BYTES and s * num_keys + i + 1 < last:
-                note(s * num_keys + i + 1)
+            if copied >= socket_messages.NOTE_BYTES and s * num_keys + i + 1 < last:
+                ends.append(s * num_keys + i + 1)
+                copied = 0
         end = (s + 1) * num_keys
-        if noting and part_bytes >= socket_messages.NOTE_BYTES and said < end < last:
-            note(end)
+        if part_bytes >= socket_messages.NOTE_BYTES and (ends[-1] if ends else 0) < end < last:
+            ends.append(end)
+            copied = 0
+    ends.append(last)
+    return list(zip([0, *ends[:-1]], ends, strict=True))
+
+
+class _Notes:
+    """The LANDED notes of one GET, said in order as runs of units land on any thread."""
+
+    def __init__(
+        self, sock: socket.socket, req: Request, units: tuple[int, ...], runs: list[tuple[int, int]]
+    ) -> None:
+        self._sock, self._req, self._units, self._runs = sock, req, units, runs
+        self._lock = threading.Lock()
+        self._landed = [False] * len(runs)
+        self._next = 0  # the first run not noted
+        self._said = 0  # units noted so far
+        self._noting = True
+
+    def landed(self, k: int) -> None:
+        """Run `k` is in: notes every run landed since the last note, up to the first one
+        still being copied."""
+        with self._lock:
+            self._landed[k] = True
+            j = self._next
+            while j < len(self._runs) and self._landed[j]:
+                j += 1
+            if j == self._next:
+                return
+            self._next, through = j, self._runs[j - 1][1]
+            if self._noting and through < len(self._units):
+                units = self._units[self._said : through]
+                landed = socket_messages.encode_landed(self._req.request_id, self._said, units)
+                self._noting = socket_messages.try_send(self._sock, landed)
+                self._said = through
 
 
 class _Sums:
