@@ -21,8 +21,9 @@ A put's copies run on the connection's thread and on any idle helper beside it (
 one core's copy is bound by the misses it keeps in flight, so two copy a batch faster);
 the reservation ends only once every copy is done. So do a large get's, a run of blocks
 between two LANDED notes per job (the notes said in order, once every run before one has
-landed), and the lease ends only once every copy is done. A get's copy is the longer side
-now that the client's check sums 2-4x faster than one core copies (`checksum`).
+landed), and the lease ends only once every copy is done: a get's copy is its longer side
+(the client's check of each landed block sums faster than one core copies, `checksum`).
+Gets under GET_SHARED_BYTES stay on the connection's thread.
 
 The socket is local, so this plane serves only clients on the node's host (in its network
 namespace); `kvstore.client` uses it there and UCX elsewhere. Malformed messages get a
