@@ -8,10 +8,9 @@ GB/s, the cores the two processes kept busy, and their CPU per GB moved, split b
 ran (the kernel's copies, the rest of the kernel: TCP, wake-ups, scheduling; the Python
 interpreter; UCX and ucxx; libc's memcpy; CRC32C; anything else).
 
-On a host where both processes keep every core busy, a system's bandwidth is bounded by
-cores / (CPU per GB): the row shows what that CPU is spent on, so which part of a ceiling
-is the transport's own. Needs `perf` (Debian's `linux-perf`) and root or
-`kernel.perf_event_paranoid` <= 1.
+A system's bandwidth is the cores it keeps busy over its CPU per GB: the row shows what
+that CPU is spent on, so which part of a ceiling is the transport's own. Needs `perf`
+(Debian's `linux-perf`) and root or `kernel.perf_event_paranoid` <= 1.
 
     python -m bench.dataplane_profile --sizes 64K,256K,1M --seconds 3
 """
@@ -41,6 +40,7 @@ SYSTEMS = ("tcp-socket", "ucxx-raw-tcp", "kvstore-ucx-tcp", "kvstore-tcp")
 FREQ_HZ = 999  # perf's sampling rate: a sample is ~1 ms of one thread's CPU
 WARM_BATCHES = 4  # batches moved before the window opens (connect, warm-up, first put)
 WARM_TIMEOUT_S = 120.0
+SPLIT = "-- window --"
 # (category, pattern on "dso symbol"); the first that matches takes the sample.
 CATEGORIES = (
     ("kernel copy", re.compile(r"^\[kernel\S*\] .*(copy_to_iter|copy_from_iter|copy_user|memcpy)")),
@@ -53,16 +53,21 @@ CATEGORIES = (
 _SAMPLE = re.compile(r"^\s*(\d+)\s+(\S+)\s+\[[.k]\]\s+(.+?)\s*$")
 
 
-def _loopback_bytes() -> int:
-    for line in Path("/proc/net/dev").read_text().splitlines():
+def _loopback_bytes(dev: str) -> int:
+    """Bytes the loopback interface received, from /proc/net/dev's text `dev`."""
+    for line in dev.splitlines():
         name, _, fields = line.partition(":")
         if name.strip() == "lo":
             return int(fields.split()[0])  # received: each packet once
     raise RuntimeError("no loopback interface in /proc/net/dev")
 
 
+def _loopback_now() -> int:
+    return _loopback_bytes(Path("/proc/net/dev").read_text())
+
+
 @contextlib.contextmanager
-def _system(name: str, size: int) -> Iterator[tuple[list[int], Callable[[], Any], dict]]:
+def _system(name: str) -> Iterator[tuple[list[int], Callable[[], Any], dict]]:
     """The peer of `name` running; yields its pids, the driver's target and UCX env."""
     spawn = mp.get_context("spawn")
     if name == "tcp-socket":
@@ -86,7 +91,6 @@ def _system(name: str, size: int) -> Iterator[tuple[list[int], Callable[[], Any]
         )
         with dataplane._kvstore_server(env, transport) as (address, pid):
             yield [pid], functools.partial(peers.drive_kvstore, address, transport), env
-    del size
 
 
 def _drive_forever(drive: Callable[..., Any], size: int) -> None:
@@ -95,34 +99,31 @@ def _drive_forever(drive: Callable[..., Any], size: int) -> None:
 
 def profile(name: str, size: int, seconds: float, workdir: Path) -> Row:
     """One row: `name`'s gets of 64 x `size` bytes, sampled for `seconds` once warm."""
-    with _system(name, size) as (pids, drive, env):
-        start = _loopback_bytes()
+    with _system(name) as (pids, drive, env):
+        start = _loopback_now()
         driver = dataplane._spawn(_drive_forever, drive, size, env=env)
         try:
             _wait_warm(start, WARM_BATCHES * BATCH * size, driver)
             data = workdir / f"{name}-{size}.data"
-            before = _loopback_bytes()
-            began = time.perf_counter()
-            cmd = ["perf", "record", "-q", "-F", str(FREQ_HZ), "-o", str(data)]
-            cmd += [
-                "-p",
-                ",".join(str(p) for p in [*pids, driver.pid]),
-                "--",
-                "sleep",
-                str(seconds),
-            ]
-            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            window_s = time.perf_counter() - began
-            moved = _loopback_bytes() - before
+            # perf samples the pids while its command runs: the window, between two reads
+            # of the interface's counters.
+            window = f"cat /proc/net/dev; echo {SPLIT}; sleep {seconds}; cat /proc/net/dev"
+            targets = ",".join(str(p) for p in [*pids, driver.pid])
+            cmd = ["perf", "record", "-q", "-F", str(FREQ_HZ), "-o", str(data), "-p", targets]
+            out = subprocess.run(
+                [*cmd, "--", "sh", "-c", window], check=True, capture_output=True, text=True
+            ).stdout
         finally:
             driver.kill()
+    before, after = out.split(SPLIT)
+    moved = _loopback_bytes(after) - _loopback_bytes(before)
     samples = _samples(data)
-    return row_of(name, size, samples, moved, window_s)
+    return row_of(name, size, samples, moved, seconds)
 
 
 def _wait_warm(start: int, nbytes: int, driver: Any) -> None:
     deadline = time.monotonic() + WARM_TIMEOUT_S
-    while _loopback_bytes() - start < nbytes:
+    while _loopback_now() - start < nbytes:
         if not driver.is_alive():
             raise RuntimeError(f"the driver exited ({driver.exitcode}) before it was warm")
         if time.monotonic() > deadline:

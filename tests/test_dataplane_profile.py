@@ -47,3 +47,15 @@ def test_a_row_is_cpu_per_gb_moved_by_category() -> None:
 def test_nothing_moved_leaves_the_per_gb_columns_empty() -> None:
     row = profile.row_of("tcp-socket", 1 << 20, {"python": 5}, moved=0, window_s=1.0)
     assert row["cpu_s_per_gb"] is None and row["python"] is None
+
+
+DEV = """\
+Inter-|   Receive                                                |  Transmit
+ face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs
+  eth0: 9876543   1234    0    0    0     0          0         0  1111111     999    0
+    lo: 123456789  4321    0    0    0     0          0         0 123456789   4321    0
+"""
+
+
+def test_the_window_counts_what_loopback_received() -> None:
+    assert profile._loopback_bytes(DEV) == 123456789
