@@ -40,7 +40,6 @@ SYSTEMS = ("tcp-socket", "ucxx-raw-tcp", "kvstore-ucx-tcp", "kvstore-tcp")
 FREQ_HZ = 999  # perf's sampling rate: a sample is ~1 ms of one thread's CPU
 WARM_BATCHES = 4  # batches moved before the window opens (connect, warm-up, first put)
 WARM_TIMEOUT_S = 120.0
-SPLIT = "-- window --"
 # (category, pattern on "dso symbol"); the first that matches takes the sample.
 CATEGORIES = (
     ("kernel copy", re.compile(r"^\[kernel\S*\] .*(copy_to_iter|copy_from_iter|copy_user|memcpy)")),
@@ -105,20 +104,17 @@ def profile(name: str, size: int, seconds: float, workdir: Path) -> Row:
         try:
             _wait_warm(start, WARM_BATCHES * BATCH * size, driver)
             data = workdir / f"{name}-{size}.data"
-            # perf samples the pids while its command runs: the window, between two reads
-            # of the interface's counters.
-            window = f"cat /proc/net/dev; echo {SPLIT}; sleep {seconds}; cat /proc/net/dev"
+            # Samples span perf's whole run (it starts sampling before its command and
+            # stops after): the bytes and the window are counted around all of it.
             targets = ",".join(str(p) for p in [*pids, driver.pid])
             cmd = ["perf", "record", "-q", "-F", str(FREQ_HZ), "-o", str(data), "-p", targets]
-            out = subprocess.run(
-                [*cmd, "--", "sh", "-c", window], check=True, capture_output=True, text=True
-            ).stdout
+            before, began = _loopback_now(), time.perf_counter()
+            subprocess.run([*cmd, "--", "sleep", str(seconds)], check=True, capture_output=True)
+            window_s, moved = time.perf_counter() - began, _loopback_now() - before
         finally:
             driver.kill()
-    before, after = out.split(SPLIT)
-    moved = _loopback_bytes(after) - _loopback_bytes(before)
     samples = _samples(data)
-    return row_of(name, size, samples, moved, seconds)
+    return row_of(name, size, samples, moved, window_s)
 
 
 def _wait_warm(start: int, nbytes: int, driver: Any) -> None:
