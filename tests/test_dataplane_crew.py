@@ -59,10 +59,14 @@ def test_every_job_runs_once_and_results_come_in_order(crew):
 
 
 def test_a_small_batch_or_a_crew_of_none_stays_on_the_callers_thread(crew):
+    """Under the floor (the default, or the caller's `least`), or with no helper."""
     me = threading.get_ident()
     small = _Jobs(3)
     crew.run(small.all(), MIN_SHARED_BYTES - 1)
     assert small.threads == [me] * 3
+    under_its_own = _Jobs(8)  # 2 MiB: over the default floor, under the caller's
+    crew.run(under_its_own.all(), 8 << 18, least=4 << 20)
+    assert under_its_own.threads == [me] * 8
     alone = Crew(0)
     jobs = _Jobs(8)
     want = [copy_summed(np.zeros(256 << 10, np.uint8), s) for s in jobs.src]

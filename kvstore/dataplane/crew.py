@@ -45,11 +45,14 @@ class Crew:
         use; idle ones wait on a queue)."""
         return cls(min(3, (os.cpu_count() or 1) - 1))
 
-    def run(self, jobs: Sequence[Callable[[], T]], nbytes: int) -> list[T]:
+    def run(
+        self, jobs: Sequence[Callable[[], T]], nbytes: int, least: int | None = None
+    ) -> list[T]:
         """Every job's result, in order; the first exception any job raised (later jobs
-        then are not started). `nbytes`: what the batch moves (below MIN_SHARED_BYTES,
-        or with one job, the caller does it all)."""
-        if self._pool is None or len(jobs) < 2 or nbytes < MIN_SHARED_BYTES:
+        then are not started). `nbytes`: what the batch moves (below `least`, by default
+        MIN_SHARED_BYTES, or with one job, the caller does it all)."""
+        floor = MIN_SHARED_BYTES if least is None else least
+        if self._pool is None or len(jobs) < 2 or nbytes < floor:
             return [job() for job in jobs]
         results: list[T | None] = [None] * len(jobs)
         failed: list[BaseException] = []

@@ -266,12 +266,7 @@ def _copy_noting(
         notes.landed(k)
 
     jobs = [functools.partial(copy_run, k) for k in range(len(runs))]
-    nbytes = len(blocks) * req.block_bytes
-    if nbytes < GET_SHARED_BYTES:
-        for job in jobs:
-            job()
-        return
-    crew.run(jobs, nbytes)
+    crew.run(jobs, len(blocks) * req.block_bytes, least=GET_SHARED_BYTES)
 
 
 def _runs(num_keys: int, segments: int, hits: list[int], size: int) -> list[tuple[int, int]]:
