@@ -34,6 +34,7 @@ from typing import Any
 from bench import dataplane
 from bench import dataplane_peers as peers
 from bench.report import Row, print_table, progress_bar, write_json
+from kvstore.config import parse_bytes
 
 BATCH = 64
 SYSTEMS = ("tcp-socket", "ucxx-raw-tcp", "kvstore-ucx-tcp", "kvstore-tcp")
@@ -158,11 +159,6 @@ def row_of(name: str, size: int, samples: dict[str, int], moved: int, window_s: 
     return row
 
 
-def _size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20}
-    return int(text[:-1]) * units[text[-1].upper()] if text[-1].upper() in units else int(text)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.dataplane_profile", description=__doc__)
     parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"of {','.join(SYSTEMS)}")
@@ -173,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     if shutil.which("perf") is None:
         raise SystemExit("dataplane_profile needs perf: apt-get install linux-perf")
     systems = args.systems.split(",")
-    sizes = [_size(s) for s in args.sizes.split(",")]
+    sizes = [parse_bytes(s) for s in args.sizes.split(",")]
     rows = []
     with (
         tempfile.TemporaryDirectory() as tmp,
