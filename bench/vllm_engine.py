@@ -3,11 +3,12 @@
 Run as ``python -m bench.vllm_engine SPEC.json OUT.json`` in a venv with vLLM. The spec
 names the model, the connector and the sessions; each session is a list of turns, and turn
 ``i``'s prompt is every earlier turn and answer followed by turn ``i`` (multi-round QA).
-The output lists, per request, TTFT, TPOT, the output token ids and vLLM's cached-token
-count. Tests and `kvstore-bench vllm` both drive vLLM through this file. With
-``"in_process": true`` the engine core and its worker run in this process (the connector's
-scheduler and worker sides still run apart, as in a deployment); tests use it, since each
-extra vLLM process costs seconds of imports.
+The output lists, per request, TTFT, TPOT, the output token ids, vLLM's cached-token
+count and the minor page faults its processes took meanwhile (first touches of memory).
+Tests and `kvstore-bench vllm` both drive vLLM through this file. With ``"in_process":
+true`` the engine core and its worker run in this process (the connector's scheduler and
+worker sides still run apart, as in a deployment); tests use it, since each extra vLLM
+process costs seconds of imports.
 """
 
 from __future__ import annotations
@@ -87,6 +88,22 @@ def make_llm(spec: dict[str, Any]) -> Any:
     )
 
 
+def minor_faults() -> int:
+    """Minor page faults so far of this process and every process under it (vLLM's engine
+    core runs in a child): a first touch of fresh memory is one; a reused page is none."""
+    total, pids = 0, [os.getpid()]
+    while pids:
+        pid = pids.pop()
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            total += int(stat.rsplit(")", 1)[1].split()[7])  # field 10, minflt
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                pids += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError):  # gone, or a kernel without the children file
+            continue
+    return total
+
+
 def run_request(engine: Any, req_id: str, tokens: list[int], max_tokens: int, salt: str | None):
     """Serves one request alone; returns its record and output token ids."""
     from vllm import SamplingParams
@@ -95,6 +112,7 @@ def run_request(engine: Any, req_id: str, tokens: list[int], max_tokens: int, sa
     prompt: dict[str, Any] = {"prompt_token_ids": tokens}
     if salt:
         prompt["cache_salt"] = salt
+    faults = minor_faults()
     start = time.perf_counter()
     engine.add_request(req_id, prompt, params)
     first = None
@@ -113,6 +131,7 @@ def run_request(engine: Any, req_id: str, tokens: list[int], max_tokens: int, sa
         "cached_tokens": final.num_cached_tokens or 0,
         "prompt_len": len(tokens),
         "output": ids,
+        "minor_faults": minor_faults() - faults,
     }
     return record, ids
 

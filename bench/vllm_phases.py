@@ -6,8 +6,9 @@ nothing, asks A (its first load: every fixed cost of a fresh process), B (a late
 and A again (served from vLLM's own prefix cache: the baseline of the effective load
 bandwidth). One row per reader request: TTFT, the connector's phases (`event=match_phases`
 on the scheduler side, `event=load_phases` on the worker side), the rest of the TTFT
-(vLLM's scheduling and the forward pass) and the bandwidth of the load alone and of the
-TTFT over the baseline. A load by layer runs beside the forward pass: its phases are its
+(vLLM's scheduling and the forward pass), the minor page faults of vLLM's processes
+meanwhile (first touches of memory) and the bandwidth of the load alone and of the TTFT
+over the baseline. A load by layer runs beside the forward pass: its phases are its
 critical path only (`wait` for a layer, `transfer` after the forward).
 """
 
@@ -71,6 +72,7 @@ def phase_rows(
         for phase in ("connect", "submit", "wait", "transfer", "scatter"):
             row[f"{phase}_ms"] = round(load.get(phase, 0.0), 2)
         row["rest_ms"] = round(ttft_ms - accounted, 1)
+        row["minor_faults"] = rec.get("minor_faults")
         row["load_mib"] = round(load.get("bytes", 0.0) / 2**20, 1)
         row["load_gbps"] = _gbps(load.get("bytes", 0.0), load.get("total", 0.0))
         over_base = ttft_ms - base_ms if i < 2 else 0.0

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import mmap
+
 import pytest
 
 from bench.vllm import block_bytes, dataplane_get_gbps
+from bench.vllm_engine import minor_faults
 from bench.vllm_phases import parse_phases, phase_rows
 from bench.vllm_rows import kv_bytes_per_token, row
 from kvstore.errors import InvalidArgumentError
@@ -85,8 +88,8 @@ def test_phase_lines_are_parsed_in_log_order():
 
 def test_phase_rows_account_for_each_request_and_its_bandwidths():
     records = [
-        {"session": 0, "turn": 0, "ttft_s": 0.100, "cached_tokens": 128},
-        {"session": 1, "turn": 0, "ttft_s": 0.070, "cached_tokens": 128},
+        {"session": 0, "turn": 0, "ttft_s": 0.100, "cached_tokens": 128, "minor_faults": 900},
+        {"session": 1, "turn": 0, "ttft_s": 0.070, "cached_tokens": 128, "minor_faults": 30},
         {"session": 2, "turn": 0, "ttft_s": 0.050, "cached_tokens": 128},  # vLLM's own cache
     ]
     first, later, own = phase_rows(records, LOG, 160)
@@ -97,6 +100,22 @@ def test_phase_rows_account_for_each_request_and_its_bandwidths():
     assert later["effective_gbps"] == 2.0
     assert (later["wait_ms"], later["scatter_ms"]) == (4.9, 0.0)  # by layer: no scatter
     assert (own["load_mib"], own["effective_gbps"]) == (0.0, None)
+    assert (first["minor_faults"], later["minor_faults"], own["minor_faults"]) == (900, 30, None)
+
+
+def test_minor_faults_count_first_touches_of_fresh_memory_once():
+    pages = 1024
+    fresh = mmap.mmap(-1, pages * mmap.PAGESIZE)
+    fresh.madvise(mmap.MADV_NOHUGEPAGE)  # a fault per 4 KiB page, not per 2 MiB
+    before = minor_faults()
+    for page in range(pages):
+        fresh[page * mmap.PAGESIZE] = 1
+    first = minor_faults() - before
+    for page in range(pages):
+        fresh[page * mmap.PAGESIZE] = 2
+    again = minor_faults() - before - first
+    assert first >= pages
+    assert again < pages // 10
 
 
 def test_rows_report_doc_tokens_and_the_load_bandwidth_over_vllms_own_cache():

@@ -308,7 +308,11 @@ class KVStoreConnector(KVConnectorBase_V1):
     def _account(self, load: BlockTransfer, result: LoadResult, mode: str) -> None:
         if result.error is not None:
             log.warning(
-                "event=load_failed req=%s error=%s", load.req_id, type(result.error).__name__
+                "event=load_failed req=%s mode=%s error=%s detail=%r",
+                load.req_id,
+                mode,
+                type(result.error).__name__,
+                str(result.error)[:200],
             )
         self._load_totals.add(result.phases)
         fields = result.phases.log_fields()
