@@ -674,3 +674,71 @@ def test_a_note_the_socket_cannot_take_now_is_not_sent_at_all():
             received += 1
     assert received == sent > 0
     client_end.close()
+
+
+def test_a_note_of_every_unit_of_a_get_is_taken_and_a_longer_message_breaks_the_stream():
+    """Runs landing out of order are noted together (`shm_server._Notes`): with a helper
+    held up on one, a note can name every unit of a GET in parts, many more than its
+    reply's bytes (a load of 256 keys in 8 parts: 2,048 flags; its reply, 1,310 bytes). The
+    client takes such a note; a message longer than any a node may send is a broken stream
+    (ConnectionError: the connection is dropped), not an error of the call, which would
+    leave the rest of it to be read as the next message."""
+    num_keys, units = 256, 256 * 8
+    assert units > frames.reply_bytes(num_keys)
+    node_end, client_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with node_end, client_end:
+        socket_messages.send(node_end, socket_messages.encode_landed(9, 0, b"\1" * units))
+        flags = tuple([1] * num_keys)
+        sums = tuple(range(num_keys))
+        reply = Reply(flags, 0, NS.block_bytes, checksums=sums)
+        socket_messages.send(node_end, socket_messages.encode_reply(reply))
+        notes: list = []
+        got = socket_messages.receive_reply(client_end, num_keys, True, lambda *n: notes.append(n))
+        assert notes == [(9, 0, b"\1" * units)]
+        assert (got.flags, got.checksums) == (flags, sums)
+        too_long = socket_messages.encode_landed(9, 0, b"\1" * (frames.MAX_BLOCKS + 1))
+        socket_messages.send(node_end, too_long)
+        with pytest.raises(ConnectionError, match="out of step"):
+            socket_messages.receive_reply(client_end, num_keys, True, None)
+
+
+class _FirstRunLast(shm_server._Notes):
+    """The node's notes of a GET whose first run lands after every other but the last, as
+    when a helper holding it is off its core: one note then names nearly every unit."""
+
+    largest: int = 0
+
+    def landed(self, k: int) -> None:
+        if k == 0:
+            return  # said below, once the others are in
+        super().landed(k)
+        if k == len(self._runs) - 2:
+            super().landed(0)
+            _FirstRunLast.largest = max(_FirstRunLast.largest, self._said)
+
+
+def test_a_get_whose_first_run_lands_last_is_noted_at_once_and_lands_whole(node, monkeypatch):
+    keys, blocks = _chain(8, 33), _blocks(8, 33)
+    segments = 256  # 2,048 units of 128 bytes: far more flags than the reply has bytes
+    monkeypatch.setattr(socket_messages, "NOTE_BYTES", 128)  # a run per unit
+    monkeypatch.setattr(shm_server, "_Notes", _FirstRunLast)
+    _FirstRunLast.largest = 0
+    with _client(node) as client:
+        client.put_chain(NS.id, keys, blocks)
+        dataplane = client.data_plane()
+        size = NS.block_bytes // segments
+        landed = client.buffer(len(keys) * NS.block_bytes)  # part s of key i at (s, i)
+        parts = [
+            [landed[(s * len(keys) + i) * size :][:size] for i in range(len(keys))]
+            for s in range(segments)
+        ]
+        found = dataplane.submit_get_parts(NS.id, keys, parts, NS.block_bytes).result()
+        assert found == (True,) * len(keys)
+        for i, block in enumerate(blocks):
+            assert (np.concatenate([parts[s][i] for s in range(segments)]) == block).all()
+        assert _FirstRunLast.largest > frames.reply_bytes(len(keys))
+        out = [np.zeros(NS.block_bytes, np.uint8) for _ in keys]  # the stream still in step
+        assert client.get_into(NS.id, keys, out) == (True,) * len(keys)
+        assert all((o == b).all() for o, b in zip(out, blocks, strict=True))
+        client.remove(NS.id, keys)
+    _quiet(node)

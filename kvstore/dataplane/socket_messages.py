@@ -166,9 +166,16 @@ def receive_reply(
 ) -> frames.Reply:
     """The next REPLY (to a call of `num_keys` keys, a GET's if `get`); a GET's LANDED
     notes before it go to `on_note` (none: dropped). Anything else the node sends breaks
-    the stream (ConnectionError), as a malformed reply or note does."""
+    the stream (ConnectionError), as a malformed reply or note does, or a message longer
+    than any of these can be (the rest of it would be read as the next one)."""
+    max_bytes = frames.reply_bytes(num_keys) + 1
+    if get:  # a note says one flag per unit: with copies landing out of order, up to all
+        max_bytes = max(max_bytes, _LANDED.size + frames.MAX_BLOCKS)
     while True:
-        data, fds = receive(sock, frames.reply_bytes(num_keys) + 1)
+        try:
+            data, fds = receive(sock, max_bytes)
+        except errors.InvalidArgumentError as exc:
+            raise ConnectionError(f"the node's stream is out of step: {exc}") from exc
         close_all(fds)
         kind = data[0] if data else None
         if kind == Kind.LANDED and get:
