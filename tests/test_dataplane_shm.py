@@ -718,6 +718,9 @@ class _FirstRunLast(shm_server._Notes):
 
 
 def test_a_get_whose_first_run_lands_last_is_noted_at_once_and_lands_whole(node, monkeypatch):
+    """Against a real node: a GET whose first run is held back (as a helper off its core
+    holds it) is noted in one note of more flags than its reply has bytes; the client takes
+    it, every part lands whole and checked, and the connection's next call is in step."""
     keys, blocks = _chain(8, 33), _blocks(8, 33)
     segments = 256  # 2,048 units of 128 bytes: far more flags than the reply has bytes
     monkeypatch.setattr(socket_messages, "NOTE_BYTES", 128)  # a run per unit
