@@ -58,6 +58,18 @@ def test_every_job_runs_once_and_results_come_in_order(crew):
     assert all((d == s).all() for d, s in zip(jobs.dst, jobs.src, strict=True))
 
 
+def test_a_batch_takes_at_most_the_helpers_it_is_lent(crew):
+    """`most`: none lent, the caller does it all; one lent, at most two threads run it."""
+    alone = _Jobs(64)
+    assert crew.run(alone.all(), 64 << 18, most=0) == [
+        copy_summed(d, s) for d, s in zip(alone.dst, alone.src, strict=True)
+    ]
+    assert set(alone.threads) == {threading.get_ident()}
+    lent = _Jobs(64)
+    crew.run(lent.all(), 64 << 18, most=1)
+    assert len(set(lent.threads)) <= 2 and lent.runs == [1] * 64
+
+
 def test_a_small_batch_or_a_crew_of_none_stays_on_the_callers_thread(crew):
     """Under the floor (the default, or the caller's `least`), or with no helper."""
     me = threading.get_ident()

@@ -13,6 +13,8 @@ import fcntl
 import os
 import socket
 import struct
+import threading
+from typing import ClassVar
 
 import grpc
 import numpy as np
@@ -188,13 +190,15 @@ def note_bytes(request, monkeypatch):
 
 
 @pytest.fixture(params=["alone", "with helpers"])
-def crewed(request, monkeypatch):
+def crewed(request, monkeypatch, node):
     """Whether a call's copies (a put's staging, the node's copy and sum of a put, the
     node's copy of a get) are shared with their crew's helper threads: as shipped (never,
-    for these small calls) or from two blocks up."""
+    for these small calls) or from two blocks up, a get's with a helper even on a host of
+    two cores (which lends a get none: `shm_server.get_helpers`)."""
     if request.param == "with helpers":
         monkeypatch.setattr(crew, "MIN_SHARED_BYTES", 2 * NS.block_bytes)
         monkeypatch.setattr(shm_server, "GET_SHARED_BYTES", 2 * NS.block_bytes)
+        monkeypatch.setattr(node.dataplanes["shm"], "get_helpers", 1)
     return request.param
 
 
@@ -744,4 +748,42 @@ def test_a_get_whose_first_run_lands_last_is_noted_at_once_and_lands_whole(node,
         assert client.get_into(NS.id, keys, out) == (True,) * len(keys)
         assert all((o == b).all() for o, b in zip(out, blocks, strict=True))
         client.remove(NS.id, keys)
+    _quiet(node)
+
+
+class _Copiers(shm_server._Notes):
+    """The node's notes of a GET, recording which threads copied its runs."""
+
+    threads: ClassVar[set[int]] = set()
+
+    def landed(self, k: int) -> None:
+        _Copiers.threads.add(threading.get_ident())
+        super().landed(k)
+
+
+@pytest.mark.parametrize("cores", [2, 3])
+def test_a_get_takes_copy_helpers_only_from_cores_beyond_the_two_it_keeps_busy(
+    node, monkeypatch, cores
+):
+    """A large get keeps the node's copy and the client's check busy: on a host of two
+    cores its runs are all copied on the connection's thread, on three by it and at most
+    one helper; every block lands whole either way."""
+    server = node.dataplanes["shm"]
+    monkeypatch.setattr(shm_server, "GET_SHARED_BYTES", 2 * NS.block_bytes)
+    monkeypatch.setattr(socket_messages, "NOTE_BYTES", NS.block_bytes)  # a run per block
+    monkeypatch.setattr(server, "get_helpers", shm_server.get_helpers(cores))
+    monkeypatch.setattr(server._crew, "helpers", 3)
+    monkeypatch.setattr(shm_server, "_Notes", _Copiers)
+    _Copiers.threads = set()
+    keys, blocks = _chain(8, 34), _blocks(8, 34)
+    with _client(node) as client:
+        client.put_chain(NS.id, keys, blocks)
+        landed = client.buffer(len(keys) * NS.block_bytes)  # one call, straight in
+        out = list(landed.reshape(len(keys), NS.block_bytes))
+        for _ in range(20):
+            landed[:] = 0
+            assert client.get_into(NS.id, keys, out) == (True,) * len(keys)
+            assert all((o == b).all() for o, b in zip(out, blocks, strict=True))
+        client.remove(NS.id, keys)
+    assert 1 <= len(_Copiers.threads) <= cores - 1
     _quiet(node)

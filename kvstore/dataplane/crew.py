@@ -46,13 +46,19 @@ class Crew:
         return cls(min(3, (os.cpu_count() or 1) - 1))
 
     def run(
-        self, jobs: Sequence[Callable[[], T]], nbytes: int, least: int | None = None
+        self,
+        jobs: Sequence[Callable[[], T]],
+        nbytes: int,
+        least: int | None = None,
+        most: int | None = None,
     ) -> list[T]:
         """Every job's result, in order; the first exception any job raised (later jobs
         then are not started). `nbytes`: what the batch moves (below `least`, by default
-        MIN_SHARED_BYTES, or with one job, the caller does it all)."""
+        MIN_SHARED_BYTES, or with one job, the caller does it all). `most`: at most this
+        many helpers join in (by default any of the crew's)."""
         floor = MIN_SHARED_BYTES if least is None else least
-        if self._pool is None or len(jobs) < 2 or nbytes < floor:
+        helpers = self.helpers if most is None else min(self.helpers, most)
+        if self._pool is None or len(jobs) < 2 or nbytes < floor or helpers < 1:
             return [job() for job in jobs]
         results: list[T | None] = [None] * len(jobs)
         failed: list[BaseException] = []
@@ -69,7 +75,7 @@ class Crew:
                     return
 
         helping = []
-        for _ in range(min(self.helpers, len(jobs) - 1)):
+        for _ in range(min(helpers, len(jobs) - 1)):
             try:
                 helping.append(self._pool.submit(work))
             except RuntimeError:  # shut down meanwhile: the caller does the rest

@@ -30,12 +30,14 @@ import fcntl
 import mmap
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from kvstore import errors
 from kvstore.checksum import checksum
+from kvstore.config import parse_bytes
 from kvstore.dataplane.buffers import TransferBuffer
 
 TMPFS_MAGIC = 0x01021994  # statfs f_type of shmem, where a plain memfd lives
@@ -136,7 +138,23 @@ def prefault(array: np.ndarray) -> None:
             return
 
 
-PIECE_BYTES = 512 << 10  # `copy_summed` sums each piece while a core's cache still has it
+def _piece_bytes(caches: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int:
+    """Half a core's L2 cache (512 KiB where Linux does not say): how much `copy` and
+    `copy_summed` move per call.
+
+    A piece fits the L2 with room to spare, so `copy_summed` sums it from there; and glibc
+    copies it with `rep movsb`, which it stops using at the L2's size on AMD for a vector
+    loop: on a Zen 4 host (1 MiB of L2) 64 MiB copied in pieces of 512 KiB took 4.7 ms, in
+    pieces of 1 MiB 6.1."""
+    with contextlib.suppress(OSError, errors.InvalidArgumentError):
+        for cache in sorted(caches.glob("index*")):
+            kind = (cache / "type").read_text().strip()
+            if (cache / "level").read_text().strip() == "2" and kind != "Instruction":
+                return max(64 << 10, parse_bytes((cache / "size").read_text().strip()) // 2)
+    return 512 << 10
+
+
+PIECE_BYTES = _piece_bytes()
 INDEX_SHIFT = 56  # a placement: region index in its top byte, offset in the rest
 OFFSET_MASK = (1 << INDEX_SHIFT) - 1
 
@@ -247,10 +265,15 @@ def address_of(buf: Any) -> int:
 
 
 def copy(dst: np.ndarray, src: np.ndarray) -> None:
-    """dst[:] = src for two uint8 arrays of one size (numpy lets go of the GIL meanwhile)."""
+    """dst[:] = src for two uint8 arrays of one size, in pieces of at most PIECE_BYTES
+    (numpy lets go of the GIL meanwhile)."""
     if dst.shape != src.shape:  # never broadcast
         raise ValueError(f"copy of {src.shape} bytes into {dst.shape}")
-    np.copyto(dst, src, casting="no")
+    if dst.nbytes <= PIECE_BYTES:
+        np.copyto(dst, src, casting="no")
+        return
+    for start in range(0, dst.nbytes, PIECE_BYTES):
+        np.copyto(dst[start : start + PIECE_BYTES], src[start : start + PIECE_BYTES], casting="no")
 
 
 def copy_summed(dst: np.ndarray, src: np.ndarray, crc: int = 0) -> int:
