@@ -24,13 +24,21 @@ Cell = tuple[str, int, int]  # op, block_bytes, batch
 _REQ = struct.Struct("<cQQ")  # op, batch, block_bytes
 
 
+MIN_CELL_S = 0.25  # a cell is timed over at least this long, as well as `reps` calls: the
+# median of three 64 x 1 MiB gets (7 ms each) moved 10-20% between runs of the suite
+MAX_REPS = 200
+
+
 def _timed(fn: Callable[[], object], reps: int) -> list[float]:
-    fn()  # warm-up, untimed
-    times = []
-    for _ in range(reps):
+    """Seconds of each call of `fn` after an untimed warm-up one: at least `reps` calls,
+    and more while they add up to under MIN_CELL_S (at most MAX_REPS). A `fn` that returns
+    a float timed itself (leaving out what it does around the call measured)."""
+    fn()
+    times: list[float] = []
+    while len(times) < reps or (sum(times) < MIN_CELL_S and len(times) < MAX_REPS):
         start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
+        took = fn()
+        times.append(took if isinstance(took, float) else time.perf_counter() - start)
     return times
 
 
@@ -239,6 +247,7 @@ def drive_kvstore(
     from kvstore.keys import block_keys
 
     out = {}
+    seeds = iter(range(1, 1 << 30))  # the keys of a put's batch: never present before
     with Client(address, timeout_s=60.0, max_message_bytes=64 << 20, transport=transport) as client:
         for op, size, batch in cells:
             ns = _namespace(size)
@@ -248,7 +257,6 @@ def drive_kvstore(
             backing = client.buffer(size * batch)
             backing[:] = 1
             bufs = list(backing.reshape(batch, size))
-            seeds = iter(range(1, 1 << 30))
 
             def keys(seed: int, ns: Any = ns, batch: int = batch) -> list[bytes]:
                 return block_keys(ns, np.arange(batch * ns.block_tokens) + seed * 10**7)
@@ -260,14 +268,16 @@ def drive_kvstore(
                 out[op, size, batch] = _timed(get, reps)
                 client.remove(ns.id, fixed)
                 continue
-            times = []
-            for _ in range(reps + 1):
+
+            def put(ns: Any = ns, bufs: list[np.ndarray] = bufs, keys: Any = keys) -> float:
                 fresh = keys(next(seeds))
                 start = time.perf_counter()
                 client.put(ns.id, fresh, bufs)
-                times.append(time.perf_counter() - start)
+                elapsed = time.perf_counter() - start
                 client.remove(ns.id, fresh)
-            out[op, size, batch] = times[1:]
+                return elapsed
+
+            out[op, size, batch] = _timed(put, reps)
     return out
 
 
@@ -357,10 +367,7 @@ def drive_mooncake(
         if op == "get":
             rcs = store.batch_put_from(names, ptrs, sizes)
             assert all(rc == 0 for rc in rcs), f"batch_put_from: {rcs[:4]}"
-        if op == "put":
-            out[op, size, batch] = [put() for _ in range(reps + 1)][1:]
-        else:
-            out[op, size, batch] = _timed(get, reps)
+        out[op, size, batch] = _timed(put if op == "put" else get, reps)
         for n in names if op == "get" else ():
             store.remove(n)
         store.unregister_buffer(pool.ctypes.data)

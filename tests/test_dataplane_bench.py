@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench import dataplane
+from bench import dataplane_peers as peers
 
 MIB = 1 << 20
 
@@ -92,8 +93,25 @@ def test_ratios_to_the_ceilings_say_what_the_checks_leave():
 def test_the_shm_ceiling_times_every_cell_in_two_processes():
     cells = {("get", 64 << 10, 4): 2, ("put", 64 << 10, 4): 3, ("get", 256 << 10, 2): 2}
     times = dataplane._drive(dataplane.ceilings.drive, _ceiling_node(), cells)
-    assert {c: len(t) for c, t in times.items()} == cells
+    assert times.keys() == cells.keys()
+    assert all(cells[c] <= len(t) <= peers.MAX_REPS for c, t in times.items())
     assert all(t > 0 for ts in times.values() for t in ts)
+
+
+def test_a_cell_is_timed_over_its_reps_and_at_least_a_floor_of_time():
+    """At least `reps` calls after an untimed warm-up, and more while they add up to under
+    MIN_CELL_S (a call that times itself says how long it took), at most MAX_REPS."""
+    calls: list[float] = []
+
+    def took(seconds: float) -> float:
+        calls.append(seconds)
+        return seconds
+
+    tenth = peers.MIN_CELL_S / 10
+    assert peers._timed(lambda: took(4 * tenth), 2) == [4 * tenth] * 3  # 8 tenths: one more
+    assert len(calls) == 4  # and the warm-up
+    assert peers._timed(lambda: took(peers.MIN_CELL_S), 5) == [peers.MIN_CELL_S] * 5
+    assert len(peers._timed(lambda: None, 3)) == peers.MAX_REPS  # each call next to nothing
 
 
 def _ceiling_node() -> bytes:
