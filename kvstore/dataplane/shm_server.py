@@ -252,13 +252,12 @@ def _copy_noting(
     helpers: int,
 ) -> None:
     """Copies each found block's parts into `targets`, part-major (unit `s * num_keys + i`,
-        part s of key i, found if `units[u]`), and says which units landed (LANDED): after
-        every NOTE_BYTES copied, and at the end of each part of at least NOTE_BYTES (layer s of
-        every block in). The units between two notes are one job of `crew`; a note is said once
-        every unit before it has landed, whichever thread copied them (the caller's and at most
-    `helpers` of the crew's). Never waits under the
-        lease for a client that does not read: a note the socket cannot take at once ends the
-        notes of this call."""
+    part s of key i, found if `units[u]`), and says which units landed (LANDED): after
+    every NOTE_BYTES copied, and at the end of each part of at least NOTE_BYTES (layer s of
+    every block in). The units between two notes are one job of `crew` (the caller's thread
+    and at most `helpers` of the crew's); a note is said once every unit before it has
+    landed, whichever thread copied them. Never waits under the lease for a client that
+    does not read: a note the socket cannot take at once ends the notes of this call."""
     size, num_keys = req.block_bytes // req.segments, len(req.keys)
     runs = _runs(num_keys, req.segments, list(blocks), size)
     notes = _Notes(sock, req, units, runs)
