@@ -14,8 +14,9 @@ import pytest
 from kvstore import errors
 from kvstore.client import Client
 from kvstore.dataplane import in_place
+from kvstore.dataplane.buffers import address_of
 from kvstore.dataplane.in_place import PAGE, Window
-from kvstore.dataplane.regions import Region, address_of
+from kvstore.dataplane.regions import Region
 from kvstore.keys import KVLayout, Namespace, block_keys
 from kvstore.server import EmbeddedServer, ServerConfig
 from kvstore.store_config import StoreConfig

@@ -5,6 +5,7 @@ leaves from, exactly the memory the caller passed.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -16,11 +17,13 @@ from kvstore.keys import KEY_BYTES
 
 
 class TransferBuffer(NamedTuple):
-    """An object ucxx can send from or receive into, and its size in bytes."""
+    """An object ucxx can send from or receive into, its size in bytes, and, for a row of
+    a host array passed whole (`checked_buffers`), where its bytes start."""
 
     obj: Any
     nbytes: int
     is_device: bool
+    address: int | None = None
 
 
 def _cuda_buffer(obj: Any, writable: bool) -> TransferBuffer:
@@ -78,10 +81,13 @@ def checked_buffers(
     keys: Sequence[bytes], buffers: Sequence[Any], block_bytes: int, writable: bool
 ) -> list[TransferBuffer]:
     """The caller's buffers of a call, one per key and each `block_bytes` long, wrapped;
-    raises a typed error (naming the first few at fault) otherwise."""
+    raises a typed error (naming the first few at fault) otherwise. A C-contiguous numpy
+    array of one row per key is checked once, not row by row (`_rows`)."""
     if len(keys) != len(buffers):
         raise errors.InvalidArgumentError(f"{len(buffers)} buffers for {len(keys)} keys")
     check_keys(keys)
+    if isinstance(buffers, np.ndarray) and buffers.ndim > 1 and buffers.flags.c_contiguous:
+        return _rows(buffers, block_bytes, writable)
     bufs = [as_transfer_buffer(b, writable) for b in buffers]
     wrong = [i for i, b in enumerate(bufs) if b.nbytes != block_bytes]
     if wrong:
@@ -89,6 +95,38 @@ def checked_buffers(
             f"buffers {wrong[:8]} are not {block_bytes} bytes (the namespace's block size)"
         )
     return bufs
+
+
+def _rows(array: np.ndarray, block_bytes: int, writable: bool) -> list[TransferBuffer]:
+    """The rows of one C-contiguous host array as buffers, each with its address: one
+    view, one check and one address for the call, where a list of rows pays all three per
+    block (a 64 x 1 MiB same-host get spent 0.16 ms on them before it was sent, 0.05 ms
+    with one array)."""
+    view = as_transfer_buffer(array, writable).obj
+    if view.nbytes != len(array) * block_bytes:
+        raise errors.PayloadSizeError(
+            f"rows of {view.nbytes // max(1, len(array))} bytes, not {block_bytes} (the "
+            "namespace's block size)"
+        )
+    base = address_of(view) if view.nbytes else 0
+    return [
+        TransferBuffer(
+            view[i * block_bytes : (i + 1) * block_bytes],
+            block_bytes,
+            False,
+            base + i * block_bytes,
+        )
+        for i in range(len(array))
+    ]
+
+
+def address_of(buf: Any) -> int:
+    """Where a host buffer's bytes start. Paid per buffer of every same-host call: a
+    writable one's is read through ctypes (0.5 us here; numpy's view of it took 3.5)."""
+    view = memoryview(buf)
+    if view.readonly or not view.nbytes:
+        return int(np.frombuffer(view, np.uint8).__array_interface__["data"][0])
+    return ctypes.addressof(ctypes.c_char.from_buffer(view))
 
 
 def check_keys(keys: Sequence[bytes]) -> None:

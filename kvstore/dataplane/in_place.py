@@ -29,7 +29,7 @@ from typing import NamedTuple
 import numpy as np
 
 from kvstore import errors
-from kvstore.dataplane.regions import address_of
+from kvstore.dataplane.buffers import address_of
 
 PAGE = mmap.PAGESIZE
 STEP_BYTES = 64 << 20

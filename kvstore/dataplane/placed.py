@@ -19,7 +19,8 @@ import numpy as np
 
 from kvstore import errors
 from kvstore.checksum import checksum
-from kvstore.dataplane.regions import SharedBuffers, address_of
+from kvstore.dataplane.buffers import address_of
+from kvstore.dataplane.regions import SharedBuffers
 
 NOT_SHARED = -1  # the placement of a row outside shared memory
 
