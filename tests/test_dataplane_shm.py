@@ -434,8 +434,8 @@ def _call(sock, req: Request, offsets, notes: list | None = None) -> Reply | Non
 
 def test_a_get_says_which_blocks_landed_while_the_node_copies(node, hello, monkeypatch, crewed):
     """After every two blocks' bytes copied, a LANDED note names the keys done since the
-    last one with their found flags; none after the last block (the reply follows). With
-    helpers copying too, notes still come in order (`_in_order`)."""
+    last one with their found flags, and one after the last block (the reply follows it).
+    With helpers copying too, notes still come in order (`_in_order`)."""
     monkeypatch.setattr(socket_messages, "NOTE_BYTES", 2 * NS.block_bytes)
     sock, region = hello
     keys, blocks = _chain(6, 25), _blocks(6, 25)
@@ -447,7 +447,7 @@ def test_a_get_says_which_blocks_landed_while_the_node_copies(node, hello, monke
     req = Request(Op.GET, 7, NS.id, tuple(keys), NS.block_bytes)
     reply = _call(sock, req, [i * NS.block_bytes for i in range(6)], notes)
     assert reply is not None and reply.flags == (1, 1, 0, 1, 1, 0)
-    _in_order(notes, [(7, 0, b"\1\1"), (7, 2, b"\0\1\1")], crewed)
+    _in_order(notes, [(7, 0, b"\1\1"), (7, 2, b"\0\1\1"), (7, 5, b"\0")], crewed)
     for i in (0, 1, 3, 4):
         assert (region.array[i * NS.block_bytes :][: NS.block_bytes] == blocks[i]).all()
     with _client(node) as client:
@@ -460,7 +460,7 @@ def test_a_get_in_parts_lands_part_major_and_says_when_each_part_is_in(
 ):
     """A GET in 4 parts of 4 keys (key 1 missing) is copied part-major: unit `4 * s + i` is
     part s of key i. A note comes after every two parts' bytes copied and at the end of
-    each part (three parts' bytes: more than NOTE_BYTES), none after the last unit."""
+    each part (three parts' bytes: more than NOTE_BYTES), the last unit's included."""
     monkeypatch.setattr(socket_messages, "NOTE_BYTES", NS.block_bytes // 2)
     sock, region = hello
     keys, blocks = _chain(4, 26), _blocks(4, 26)
@@ -475,7 +475,7 @@ def test_a_get_in_parts_lands_part_major_and_says_when_each_part_is_in(
     reply = _call(sock, req, offsets, notes)
     assert reply is not None and reply.flags == (1, 0, 1, 1)
     parts = [(8, 4 * s, b"\1\0\1") for s in range(4)]
-    ends = [(8, 4 * s + 3, b"\1") for s in range(3)]
+    ends = [(8, 4 * s + 3, b"\1") for s in range(4)]
     _in_order(notes, sorted(parts + ends, key=lambda note: note[1]), crewed)
     for s in range(4):
         for i in (0, 2, 3):
@@ -488,9 +488,9 @@ def test_a_get_in_parts_lands_part_major_and_says_when_each_part_is_in(
 
 def _in_order(notes: list, serial: list, crewed: str) -> None:
     """The notes of a get copied alone are `serial`. Copied with helpers, a run may land
-    before the one ahead of it: then one note names both, and the last ones may go unsaid
-    (the reply names them). Either way the notes name units in order from the first, each
-    ends where a serial note ends, and their flags are the serial notes'."""
+    before the one ahead of it: then one note names both. Either way the notes name every
+    unit in order from the first, each ends where a serial note ends, and their flags are
+    the serial notes'."""
     if crewed == "alone":
         assert notes == serial
         return
@@ -499,7 +499,7 @@ def _in_order(notes: list, serial: list, crewed: str) -> None:
     for request_id, start, flags in notes:
         assert request_id == serial[0][0] and start == said and start + len(flags) in ends
         said += len(flags)
-    assert b"".join(f for _, _, f in notes) == b"".join(f for _, _, f in serial)[:said]
+    assert b"".join(f for _, _, f in notes) == b"".join(f for _, _, f in serial)
 
 
 def test_calls_outside_the_region_change_nothing(node, hello):

@@ -285,8 +285,8 @@ def get_helpers(cores: int) -> int:
 
 def _runs(num_keys: int, segments: int, hits: list[int], size: int) -> list[tuple[int, int]]:
     """The units from one note to the next, in order, as (start, end): a note after every
-    NOTE_BYTES of found parts and at the end of each part of NOTE_BYTES or more; none at
-    the last unit (the reply follows it)."""
+    NOTE_BYTES of found parts and at the end of each part of NOTE_BYTES or more; the last
+    run ends at the last unit."""
     last, part_bytes = segments * num_keys, len(hits) * size
     ends: list[int] = []
     copied = 0
@@ -305,7 +305,9 @@ def _runs(num_keys: int, segments: int, hits: list[int], size: int) -> list[tupl
 
 
 class _Notes:
-    """The LANDED notes of one GET, said in order as runs of units land on any thread."""
+    """The LANDED notes of one GET, said in order as runs of units land on any thread. A
+    call of several runs has its last one noted too, so the client checks it while the
+    node ends the lease and replies (a call of one run is said by its reply alone)."""
 
     def __init__(
         self, sock: socket.socket, req: Request, units: tuple[int, ...], runs: list[tuple[int, int]]
@@ -328,7 +330,7 @@ class _Notes:
             if j == self._next:
                 return
             self._next, through = j, self._runs[j - 1][1]
-            if self._noting and through < len(self._units):
+            if self._noting and (through < len(self._units) or len(self._runs) > 1):
                 units = self._units[self._said : through]
                 landed = socket_messages.encode_landed(self._req.request_id, self._said, units)
                 self._noting = socket_messages.try_send(self._sock, landed)

@@ -22,11 +22,12 @@ The node answers HELLO and REGION (a reply whose `block_bytes` is its region lim
 error) and every CALL but PING and CLOSE, in order. While it copies a GET's blocks, it says
 which have landed (LANDED: units from the first named on are done, a found flag each, 0 or
 1), after every `NOTE_BYTES` or more it copied, so the client checks them while later ones
-are still being copied; the REPLY follows the last block. A unit is part s of key i, unit
-`s * num_keys + i` (a whole block, for a call of one part): a GET in parts is copied
-part-major, and noted also at the end of each part of `NOTE_BYTES` or more, so the client
-knows part s (a KV block's layer s) of every block is in while later parts are still
-being copied. Notes are advice: a node whose socket would make it wait (a client not
+are still being copied, and, in a call it noted before, after the last block too (the
+client checks the last ones while the node replies); the REPLY follows. A unit is part s
+of key i, unit `s * num_keys + i` (a whole block, for a call of one part): a GET in parts
+is copied part-major, and noted also at the end of each part of `NOTE_BYTES` or more, so
+the client knows part s (a KV block's layer s) of every block is in while later parts are
+still being copied. Notes are advice: a node whose socket would make it wait (a client not
 reading) sends no more for that call, and the client takes at the reply what no note
 named. HELLO's region is index 0 (the client's
 staging); REGION puts one at its index, replacing any there. A placement frame holds where
