@@ -1,0 +1,160 @@
+"""`python -m bench.dataplane_memory`: what bounds a same-host get on this host's memory.
+
+A same-host get moves every byte once (the node's copy into memory the client shares) and
+reads it once more (the client's CRC32C check where it landed), on two cores that share the
+memory. Per block size, a batch of 64, medians of `--reps` passes taken in turn:
+
+- memcpy: the `dataplane` suite's baseline, numpy's copy between two anonymous arrays;
+- copy: the node's copy (`regions.copy`) from its own memory into a shared region, alone;
+- check: the client's CRC32C of every landed block, alone;
+- copy, a core busy: the copy while another process sums one block over and over in its
+  cache (a core taken, the memory left alone);
+- copy, memory busy: the copy while another process sums 64 other blocks from memory (as
+  much traffic as a get's check, when its blocks are no longer in the cache).
+
+If `copy, a core busy` is `copy` and `copy, memory busy` is far longer, the two passes of a
+get contend for memory, not for cores. A get overlaps its check with its copy (two
+processes, block by block), so its time lies between the copy alone and the two passes one
+after the other: get/memcpy between `alone` (memcpy over the copy: the check for free) and
+`serial` (memcpy over copy and check). Where it falls is what the overlap recovers of the
+check's reads; the `dataplane` suite's `shm-ceiling` row measures it.
+
+    python -m bench.dataplane_memory --sizes 256K,1M,4M --reps 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.report import Row, print_table, progress_bar, write_json
+from kvstore.checksum import checksum
+from kvstore.config import parse_bytes
+from kvstore.dataplane.regions import Region, copy
+
+BATCH = 64
+START_TIMEOUT_S = 30.0  # for the neighbour process to start summing
+
+
+def _sum_forever(nbytes: int, block_bytes: int, started: Any, stop: Any) -> None:
+    """The neighbour: sums `nbytes` block by block until `stop`, saying when it started."""
+    data = np.ones(nbytes, np.uint8)
+    started.set()
+    while not stop.is_set():
+        for start in range(0, nbytes, block_bytes):
+            checksum(data[start : start + block_bytes])
+
+
+class _Neighbour:
+    """Another process summing `nbytes` in a loop while the block runs."""
+
+    def __init__(self, nbytes: int, block_bytes: int) -> None:
+        ctx = mp.get_context("spawn")
+        self._started, self._stop = ctx.Event(), ctx.Event()
+        args = (nbytes, block_bytes, self._started, self._stop)
+        self._process = ctx.Process(target=_sum_forever, args=args, daemon=True)
+
+    def __enter__(self) -> _Neighbour:
+        self._process.start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self._started.wait(0.1):
+            if not self._process.is_alive() or time.monotonic() > deadline:
+                self._process.kill()
+                raise RuntimeError("the neighbour process did not start summing")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._process.join(START_TIMEOUT_S)
+        if self._process.is_alive():
+            self._process.kill()
+
+
+def _median_ms(fn: Callable[[], object], reps: int) -> float:
+    fn()  # warm: pages touched, code in the cache
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def measure(block_bytes: int, reps: int) -> Row:
+    """One row: every pass over a batch of 64 blocks of `block_bytes`, in ms."""
+    total = BATCH * block_bytes
+    src = [np.ones(block_bytes, np.uint8) for _ in range(BATCH)]
+    dst = [np.zeros(block_bytes, np.uint8) for _ in range(BATCH)]
+    slots = np.ones(total, np.uint8)  # the node's memory
+    region, fd = Region.create(total)  # the client's, shared
+    os.close(fd)
+    region.array[:] = 0
+    landed = [region.array[i * block_bytes : (i + 1) * block_bytes] for i in range(BATCH)]
+    mine = [slots[i * block_bytes : (i + 1) * block_bytes] for i in range(BATCH)]
+
+    def memcpy() -> None:
+        for s, d in zip(src, dst, strict=True):
+            np.copyto(d, s)
+
+    def node_copy() -> None:
+        for s, d in zip(mine, landed, strict=True):
+            copy(d, s)
+
+    def check() -> None:
+        for block in landed:
+            checksum(block)
+
+    try:
+        row: Row = {"block_kib": block_bytes >> 10}
+        row["memcpy_ms"] = _median_ms(memcpy, reps)
+        row["copy_ms"] = _median_ms(node_copy, reps)
+        row["check_ms"] = _median_ms(check, reps)
+        with _Neighbour(min(block_bytes, 256 << 10), block_bytes):
+            row["copy_core_busy_ms"] = _median_ms(node_copy, reps)
+        with _Neighbour(total, block_bytes):
+            row["copy_memory_busy_ms"] = _median_ms(node_copy, reps)
+    finally:
+        region.close()  # unmapped once the views above are gone
+    return _with_ratios(row)
+
+
+def _with_ratios(row: Row) -> Row:
+    """`row` rounded, with the ratios it shows: what each neighbour costs the copy, and the
+    get/memcpy of a get whose check were free (`alone`) or not overlapped at all (`serial`)."""
+    ms = {k: float(v) for k, v in row.items() if k.endswith("_ms")}  # type: ignore[arg-type]
+    out: Row = {"block_kib": row["block_kib"], **{k: round(v, 3) for k, v in ms.items()}}
+    out["core_busy/alone"] = round(ms["copy_core_busy_ms"] / ms["copy_ms"], 2)
+    out["memory_busy/alone"] = round(ms["copy_memory_busy_ms"] / ms["copy_ms"], 2)
+    out["alone get/memcpy"] = round(ms["memcpy_ms"] / ms["copy_ms"], 2)
+    out["serial get/memcpy"] = round(ms["memcpy_ms"] / (ms["copy_ms"] + ms["check_ms"]), 2)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.dataplane_memory", description=__doc__)
+    parser.add_argument("--sizes", default="256K,1M,4M", help="block sizes, comma-separated")
+    parser.add_argument("--reps", type=int, default=30, help="passes timed per measurement")
+    parser.add_argument("--json", type=Path, default=None, help="write the rows as JSON")
+    args = parser.parse_args(argv)
+    sizes = [parse_bytes(s) for s in args.sizes.split(",")]
+    rows = []
+    with progress_bar("memory", len(sizes)) as advance:
+        for size in sizes:
+            rows.append(measure(size, args.reps))
+            advance(1)
+    print_table(rows, f"a same-host get's two passes on this host's memory, batches of {BATCH}")
+    if args.json:
+        write_json(rows, args.json)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
