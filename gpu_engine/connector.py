@@ -269,13 +269,22 @@ class StoreConnector(KVConnector):
         )
         for out, block_pages in zip(staging, pages[first:], strict=True):
             self.cache.read_block(block_pages, out=out)
-        self._put_chain(keys[first:], list(staging), keys[first - 1] if first else None)
+        self._put_chain(keys[first:], staging, keys[first - 1] if first else None)
 
     def _put_chain(
-        self, keys: Sequence[bytes], blocks: Sequence[torch.Tensor], parent: bytes | None
+        self,
+        keys: Sequence[bytes],
+        blocks: Sequence[torch.Tensor] | torch.Tensor,
+        parent: bytes | None,
     ) -> object:
+        """Puts host `blocks`: one tensor of a block per row (checked once for the call:
+        `buffers.checked_buffers`) or a sequence of blocks."""
         assert self._namespace_id is not None
-        views = [b.reshape(-1).view(torch.uint8).numpy() for b in blocks]  # host staging
+        views: Any
+        if isinstance(blocks, torch.Tensor):
+            views = blocks.reshape(len(blocks), -1).view(torch.uint8).numpy()
+        else:
+            views = [b.reshape(-1).view(torch.uint8).numpy() for b in blocks]
         return self._client.put_chain(self._namespace_id, keys, views, parent)
 
     def _ensure_registered(self) -> bool:
