@@ -72,6 +72,33 @@ def test_staged_blocks_are_put_as_one_chain_after_their_parent():
     publisher.close()
 
 
+def test_a_run_in_one_slice_is_put_as_one_tensor_and_a_wrapped_run_as_a_list():
+    """A run the ring hands out in one slice reaches the put as that slice (a store client
+    checks one array once, `buffers.checked_buffers`); one that wraps, as its blocks."""
+    kinds: list[type] = []
+    sink = _Sink()
+
+    def put(keys: Sequence[bytes], blocks, parent: bytes | None) -> None:
+        kinds.append(type(blocks))
+        sink(keys, blocks, parent)
+
+    publisher = _publisher(put, 4)
+    assert publisher.offer(KEYS[:1], _fill, None) == 1  # block 0 of the ring
+    sink.holds[KEYS[1]] = threading.Event()
+    assert publisher.offer(KEYS[1:3], _fill, KEYS[0]) == 2  # blocks 1-2, held
+    wait_until(lambda: publisher.stats().num_published_blocks == 1, 30, "the first put")
+    assert publisher.offer(KEYS[3:5], _fill, KEYS[2]) == 2  # blocks 3 and 0: wrapped
+    sink.holds[KEYS[1]].set()
+    assert _drained_stats(publisher) == PublishStats(5, 0, 0, 0)
+    assert kinds == [torch.Tensor, torch.Tensor, list]
+    assert sink.puts == [
+        (KEYS[:1], [0], None),
+        (KEYS[1:3], [0, 1], KEYS[0]),
+        (KEYS[3:5], [0, 1], KEYS[2]),
+    ]
+    publisher.close()
+
+
 def test_blocks_beyond_the_free_buffers_are_dropped_and_counted():
     sink = _Sink()
     sink.gate.clear()  # the network is slow: staged blocks keep their buffers

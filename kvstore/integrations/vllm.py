@@ -371,11 +371,15 @@ class KVStoreConnector(KVConnectorBase_V1):
         self,
         save: BlockTransfer,
         keys: Sequence[bytes],
-        blocks: Sequence[torch.Tensor],
+        blocks: Sequence[torch.Tensor] | torch.Tensor,
         parent: bytes | None,
     ) -> None:
         """The publisher's put of (a staged prefix of) `save`; raises what the store raised."""
-        buffers = [PagedBlocks.as_buffer(block) for block in blocks]
+        buffers: Any
+        if isinstance(blocks, torch.Tensor):  # one slice of the publisher's ring
+            buffers = PagedBlocks.as_rows(blocks)
+        else:
+            buffers = [PagedBlocks.as_buffer(block) for block in blocks]
         result = self._client.put_chain(save.namespace_id, keys, buffers, parent)
         log.debug("event=saved req=%s blocks=%d result=%s", save.req_id, len(keys), result)
 

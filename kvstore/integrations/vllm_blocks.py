@@ -70,8 +70,13 @@ class PagedBlocks:
     @staticmethod
     def as_buffers(staging: torch.Tensor) -> list[np.ndarray]:
         """One writable uint8 numpy view per staging block, what every transport accepts."""
-        flat = staging.view(torch.uint8).reshape(staging.shape[0], -1)
-        return list(flat.numpy())
+        return list(PagedBlocks.as_rows(staging))
+
+    @staticmethod
+    def as_rows(staging: torch.Tensor) -> np.ndarray:
+        """One writable uint8 numpy array of a row per staging block: a call checks it once
+        (`buffers.checked_buffers`), a list of rows row by row."""
+        return staging.view(torch.uint8).reshape(staging.shape[0], -1).numpy()
 
     @staticmethod
     def as_buffer(block: torch.Tensor) -> np.ndarray:

@@ -27,7 +27,11 @@ from kvstore.publishing.staging import StagedRun, StagingRing
 
 logger = logging.getLogger(__name__)
 
-PutChain = Callable[[Sequence[bytes], Sequence[torch.Tensor], "bytes | None"], object]
+# (keys, their blocks, parent): the blocks are one staging tensor of a block per row when
+# the run is one slice of the ring (a put may then hand the store one array), else a list
+PutChain = Callable[
+    [Sequence[bytes], "Sequence[torch.Tensor] | torch.Tensor", "bytes | None"], object
+]
 ReadBlock = Callable[[int, torch.Tensor], object]  # (block index in the offer, staging out)
 ReadBlocks = Callable[[int, torch.Tensor], object]  # (index of outs[0] in the offer, outs)
 
@@ -183,9 +187,10 @@ class BlockPublisher:
             self._cut.popitem(last=False)
 
     def _put(self, job: _Job) -> str:
-        buffers = [block for part in job.run.parts for block in part]  # one view per block
+        parts = job.run.parts
+        blocks = parts[0] if len(parts) == 1 else [b for part in parts for b in part]
         try:
-            job.put_chain(job.keys, buffers, job.parent)
+            job.put_chain(job.keys, blocks, job.parent)
         except KVStoreError as exc:
             logger.warning("event=publish_failed blocks=%d error=%r", len(job.keys), exc)
             return "failed"
