@@ -9,15 +9,21 @@ memory. Per block size, a batch of 64, medians of `--reps` passes taken in turn:
 - check: the client's CRC32C of every landed block, alone;
 - copy, a core busy: the copy while another process sums one block over and over in its
   cache (a core taken, the memory left alone);
-- copy, memory busy: the copy while another process sums 64 other blocks from memory (as
-  much traffic as a get's check, when its blocks are no longer in the cache).
+- copy, memory busy: the copy while another process sums 64 other blocks from memory (at
+  least 256 MiB, past any L3: the traffic of a get's check, when its blocks are no longer
+  in the cache); beside it,
+  how fast that neighbour summed meanwhile (near 0: the host left it idle, and the row
+  says nothing of memory).
 
 If `copy, a core busy` is `copy` and `copy, memory busy` is far longer, the two passes of a
-get contend for memory, not for cores. A get overlaps its check with its copy (two
-processes, block by block), so its time lies between the copy alone and the two passes one
-after the other: get/memcpy between `alone` (memcpy over the copy: the check for free) and
-`serial` (memcpy over copy and check). Where it falls is what the overlap recovers of the
-check's reads; the `dataplane` suite's `shm-ceiling` row measures it.
+get contend for memory, not for cores. A VM's two cores may share a path to memory in one
+placement and not in another (on EPYC, a core complex's link), as its host moves them: then
+the same row reads either, and the neighbour's own rate says which (slower when shared). A
+get overlaps its check with its copy (two processes, block by block), so its time lies
+between the copy alone and the two passes one after the other: get/memcpy between `alone`
+(memcpy over the copy: the check for free) and `serial` (memcpy over copy and check). Where
+it falls is what the overlap recovers of the check's reads; the `dataplane` suite's
+`shm-ceiling` row measures it.
 
     python -m bench.dataplane_memory --sizes 256K,1M,4M --reps 30
 """
@@ -43,25 +49,32 @@ from kvstore.dataplane.regions import Region, copy
 
 BATCH = 64
 START_TIMEOUT_S = 30.0  # for the neighbour process to start summing
+NEIGHBOUR_BYTES = 256 << 20  # the least a memory-busy neighbour sums: past any L3 cache
 
 
-def _sum_forever(nbytes: int, block_bytes: int, started: Any, stop: Any) -> None:
-    """The neighbour: sums `nbytes` block by block until `stop`, saying when it started."""
+def _sum_forever(nbytes: int, block_bytes: int, started: Any, stop: Any, summed: Any) -> None:
+    """The neighbour: sums `nbytes` block by block until `stop`, saying when it started and
+    counting the bytes it summed in `summed` (its only writer)."""
     data = np.ones(nbytes, np.uint8)
     started.set()
     while not stop.is_set():
         for start in range(0, nbytes, block_bytes):
             checksum(data[start : start + block_bytes])
+        summed.value += nbytes
 
 
 class _Neighbour:
-    """Another process summing `nbytes` in a loop while the block runs."""
+    """Another process summing `nbytes` in a loop while the block runs; `gbps` after it: how
+    fast it summed meanwhile (a host that left it idle shows here, not as a fast copy)."""
 
     def __init__(self, nbytes: int, block_bytes: int) -> None:
         ctx = mp.get_context("spawn")
         self._started, self._stop = ctx.Event(), ctx.Event()
-        args = (nbytes, block_bytes, self._started, self._stop)
+        self._summed = ctx.RawValue("Q", 0)
+        args = (nbytes, block_bytes, self._started, self._stop, self._summed)
         self._process = ctx.Process(target=_sum_forever, args=args, daemon=True)
+        self._since = (0.0, 0)
+        self.gbps = 0.0
 
     def __enter__(self) -> _Neighbour:
         self._process.start()
@@ -70,9 +83,12 @@ class _Neighbour:
             if not self._process.is_alive() or time.monotonic() > deadline:
                 self._process.kill()
                 raise RuntimeError("the neighbour process did not start summing")
+        self._since = (time.perf_counter(), self._summed.value)
         return self
 
     def __exit__(self, *exc: object) -> None:
+        start, summed = self._since
+        self.gbps = (self._summed.value - summed) / (time.perf_counter() - start) / 1e9
         self._stop.set()
         self._process.join(START_TIMEOUT_S)
         if self._process.is_alive():
@@ -120,8 +136,9 @@ def measure(block_bytes: int, reps: int) -> Row:
         row["check_ms"] = _median_ms(check, reps)
         with _Neighbour(min(block_bytes, 256 << 10), block_bytes):
             row["copy_core_busy_ms"] = _median_ms(node_copy, reps)
-        with _Neighbour(total, block_bytes):
+        with _Neighbour(max(total, NEIGHBOUR_BYTES), block_bytes) as neighbour:
             row["copy_memory_busy_ms"] = _median_ms(node_copy, reps)
+        row["neighbour_gbps"] = neighbour.gbps
     finally:
         region.close()  # unmapped once the views above are gone
     return _with_ratios(row)
@@ -132,6 +149,7 @@ def _with_ratios(row: Row) -> Row:
     get/memcpy of a get whose check were free (`alone`) or not overlapped at all (`serial`)."""
     ms = {k: float(v) for k, v in row.items() if k.endswith("_ms")}  # type: ignore[arg-type]
     out: Row = {"block_kib": row["block_kib"], **{k: round(v, 3) for k, v in ms.items()}}
+    out["neighbour_gbps"] = round(float(row["neighbour_gbps"]), 2)  # type: ignore[arg-type]
     out["core_busy/alone"] = round(ms["copy_core_busy_ms"] / ms["copy_ms"], 2)
     out["memory_busy/alone"] = round(ms["copy_memory_busy_ms"] / ms["copy_ms"], 2)
     out["alone get/memcpy"] = round(ms["memcpy_ms"] / ms["copy_ms"], 2)

@@ -12,8 +12,10 @@ def test_the_ratios_say_what_each_neighbour_costs_and_where_a_get_can_fall() -> 
             "check_ms": 1.6,
             "copy_core_busy_ms": 2.4,
             "copy_memory_busy_ms": 4.5,
+            "neighbour_gbps": 21.456,
         }
     )
+    assert row["neighbour_gbps"] == 21.46
     assert row["core_busy/alone"] == 1.0
     assert row["memory_busy/alone"] == 1.88
     assert row["alone get/memcpy"] == 1.5  # the check for free: memcpy over the copy
@@ -26,3 +28,4 @@ def test_a_row_times_every_pass_with_its_neighbours_started_and_stopped() -> Non
     assert row["block_kib"] == 64
     assert all(float(row[f"{p}_ms"]) > 0 for p in passes)
     assert float(row["alone get/memcpy"]) > float(row["serial get/memcpy"]) > 0
+    assert "neighbour_gbps" in row  # how fast it summed: a host may leave it idle a moment
