@@ -11,9 +11,7 @@ memory. Per block size, a batch of 64, medians of `--reps` passes taken in turn:
   cache (a core taken, the memory left alone);
 - copy, memory busy: the copy while another process sums 64 other blocks from memory (at
   least 256 MiB, past any L3: the traffic of a get's check, when its blocks are no longer
-  in the cache); beside it,
-  how fast that neighbour summed meanwhile (near 0: the host left it idle, and the row
-  says nothing of memory).
+  in the cache); beside it, how fast that neighbour summed meanwhile.
 
 If `copy, a core busy` is `copy` and `copy, memory busy` is far longer, the two passes of a
 get contend for memory, not for cores. A VM's two cores may share a path to memory in one
@@ -65,7 +63,7 @@ def _sum_forever(nbytes: int, block_bytes: int, started: Any, stop: Any, summed:
 
 class _Neighbour:
     """Another process summing `nbytes` in a loop while the block runs; `gbps` after it: how
-    fast it summed meanwhile (a host that left it idle shows here, not as a fast copy)."""
+    fast it summed meanwhile (slower where it shares a path to memory with the copy)."""
 
     def __init__(self, nbytes: int, block_bytes: int) -> None:
         ctx = mp.get_context("spawn")

@@ -28,4 +28,4 @@ def test_a_row_times_every_pass_with_its_neighbours_started_and_stopped() -> Non
     assert row["block_kib"] == 64
     assert all(float(row[f"{p}_ms"]) > 0 for p in passes)
     assert float(row["alone get/memcpy"]) > float(row["serial get/memcpy"]) > 0
-    assert "neighbour_gbps" in row  # how fast it summed: a host may leave it idle a moment
+    assert "neighbour_gbps" in row  # how fast it summed meanwhile
