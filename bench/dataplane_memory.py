@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.dataplane_peers import _timed
 from bench.report import Row, print_table, progress_bar, write_json
 from kvstore.checksum import checksum
 from kvstore.config import parse_bytes
@@ -48,6 +49,7 @@ from kvstore.dataplane.regions import Region, copy
 BATCH = 64
 START_TIMEOUT_S = 30.0  # for the neighbour process to start summing
 NEIGHBOUR_BYTES = 256 << 20  # the least a memory-busy neighbour sums: past any L3 cache
+BUSY_CORE_BYTES = 256 << 10  # the most a core-busy neighbour sums: inside any L2 cache
 
 
 def _sum_forever(nbytes: int, block_bytes: int, started: Any, stop: Any, summed: Any) -> None:
@@ -94,13 +96,8 @@ class _Neighbour:
 
 
 def _median_ms(fn: Callable[[], object], reps: int) -> float:
-    fn()  # warm: pages touched, code in the cache
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+    """Median of `fn`'s passes, timed as the `dataplane` suite times a cell."""
+    return statistics.median(_timed(fn, reps)) * 1e3
 
 
 def measure(block_bytes: int, reps: int) -> Row:
@@ -132,7 +129,7 @@ def measure(block_bytes: int, reps: int) -> Row:
         row["memcpy_ms"] = _median_ms(memcpy, reps)
         row["copy_ms"] = _median_ms(node_copy, reps)
         row["check_ms"] = _median_ms(check, reps)
-        with _Neighbour(min(block_bytes, 256 << 10), block_bytes):
+        with _Neighbour(min(block_bytes, BUSY_CORE_BYTES), block_bytes):
             row["copy_core_busy_ms"] = _median_ms(node_copy, reps)
         with _Neighbour(max(total, NEIGHBOUR_BYTES), block_bytes) as neighbour:
             row["copy_memory_busy_ms"] = _median_ms(node_copy, reps)

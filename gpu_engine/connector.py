@@ -40,6 +40,7 @@ from kvstore.client import TRANSPORT_CHOICES, Client
 from kvstore.config import option
 from kvstore.errors import InvalidArgumentError, KVStoreError
 from kvstore.integrations.loaded_prefix import loaded_prefix_len
+from kvstore.integrations.vllm_blocks import PagedBlocks  # host staging as uint8 numpy
 from kvstore.keys import Namespace
 
 logger = logging.getLogger(__name__)
@@ -282,9 +283,9 @@ class StoreConnector(KVConnector):
         assert self._namespace_id is not None
         views: Any
         if isinstance(blocks, torch.Tensor):
-            views = blocks.reshape(len(blocks), -1).view(torch.uint8).numpy()
+            views = PagedBlocks.as_rows(blocks)
         else:
-            views = [b.reshape(-1).view(torch.uint8).numpy() for b in blocks]
+            views = [PagedBlocks.as_buffer(b) for b in blocks]
         return self._client.put_chain(self._namespace_id, keys, views, parent)
 
     def _ensure_registered(self) -> bool:
