@@ -45,6 +45,14 @@ def test_an_array_of_rows_is_refused_whole_where_its_rows_would_be():
     assert len(checked_buffers(KEYS, frozen, BLOCK, writable=False)) == 4  # a put reads it
 
 
+def test_arrays_of_python_objects_are_refused_as_rows_and_one_by_one():
+    """Their bytes are pointers: a get landing there would corrupt the caller's process."""
+    objects = np.empty((4, BLOCK // 8), dtype=object)
+    for buffers in (objects, list(objects)):
+        with pytest.raises(errors.InvalidArgumentError, match="Python objects"):
+            checked_buffers(KEYS, buffers, BLOCK, writable=True)
+
+
 def test_rows_not_contiguous_as_a_whole_are_taken_one_by_one():
     every_other = np.zeros((8, BLOCK), np.uint8)[::2]  # each row contiguous, not the array
     every_other[1] = 5

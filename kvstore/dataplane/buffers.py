@@ -63,6 +63,8 @@ def _host_view(obj: Any) -> memoryview:
         ) from None
     if not view.c_contiguous:
         raise errors.InvalidArgumentError("host buffer must be C-contiguous")
+    if "O" in view.format:  # bytes landing over object pointers would corrupt the caller
+        raise errors.InvalidArgumentError("a buffer of Python objects is not a buffer of bytes")
     return view.cast("B") if view.ndim != 1 or view.format != "B" else view
 
 
