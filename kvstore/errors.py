@@ -121,6 +121,12 @@ class TooManyConnectionsError(ResourceExhaustedError):
     """The node holds as many data-plane connections as it allows (in all, or per peer)."""
 
 
+class TooManyStreamsError(ResourceExhaustedError):
+    """The client, or the server, has as many response streams open as it allows
+    (`max_streams_per_client`, `max_streams`): a stream a reader stalls on counts until the
+    reader takes its last message or goes away."""
+
+
 class UnauthenticatedError(KVStoreError, PermissionError):
     """The call carries no token, or one the node does not know."""
 
@@ -143,6 +149,11 @@ class DeadlineExceededError(KVStoreError, TimeoutError):
     """The call did not finish within its timeout."""
 
     code = "DEADLINE_EXCEEDED"
+
+
+class StreamStalledError(DeadlineExceededError):
+    """A response stream's reader took nothing for `stream_stall_timeout_s`: the server ended
+    the stream (what it held for it is released)."""
 
 
 def _all_subclasses(cls: type[KVStoreError]) -> list[type[KVStoreError]]:

@@ -10,7 +10,11 @@ INVALID_ARGUMENT, one log line.
 With an `Authenticator` that has tokens, a call without a known bearer token ends as
 UNAUTHENTICATED before its handler runs. With `CallMetrics`, every call of every method is
 timed, the bytes of its messages counted, and the error class it ended with (the trailing
-metadata `abort` sets) recorded, in one place.
+metadata `abort` sets) recorded, in one place. With `StreamSlots`, every server-streaming
+call takes a slot of its client (its tenant, or its peer on a node without tokens) and sends
+its responses through a `StreamWriter`: past a bound the call ends RESOURCE_EXHAUSTED
+(`TooManyStreamsError`), and a reader that takes nothing for the stall timeout has its call
+ended (`StreamStalledError`) after the handler's own clean-up ran.
 """
 
 from __future__ import annotations
@@ -25,7 +29,13 @@ from google.protobuf.message import DecodeError
 
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.auth import Authenticator
-from kvstore.errors import ERROR_METADATA_KEY, InvalidArgumentError, KVStoreError
+from kvstore.bounds import StreamSlots, StreamWriter
+from kvstore.errors import (
+    ERROR_METADATA_KEY,
+    InvalidArgumentError,
+    KVStoreError,
+    StreamStalledError,
+)
 from kvstore.metrics import CallMetrics
 
 log = logging.getLogger("kvstore.server")
@@ -52,11 +62,15 @@ def register(
     messages: Any = pb,
     metrics: CallMetrics | None = None,
     auth: Authenticator | None = None,
+    streams: StreamSlots | None = None,
 ) -> None:
     """Serves `servicer`'s methods (one per RPC of `service`, by name) on `server`;
     `messages` is the generated module that holds the service's message classes; `metrics`
-    records every call; `auth` admits only calls with a known token."""
-    handlers = {m.name: _handler(m, servicer, messages, metrics, auth) for m in service.methods}
+    records every call; `auth` admits only calls with a known token; `streams` bounds the
+    response streams."""
+    handlers = {
+        m.name: _handler(m, servicer, messages, metrics, auth, streams) for m in service.methods
+    }
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(service.full_name, handlers),)
     )
@@ -69,6 +83,7 @@ def _handler(
     messages: Any,
     metrics: CallMetrics | None,
     auth: Authenticator | None,
+    streams: StreamSlots | None,
 ) -> grpc.RpcMethodHandler:
     request_cls = getattr(messages, method.input_type.name)
     response_cls = getattr(messages, method.output_type.name)
@@ -86,6 +101,8 @@ def _handler(
     if metrics is not None:  # outermost: malformed requests are calls too
         handle = _timed(method.name, handle, metrics, method.server_streaming)
         decode, encode = _counted(method.name, decode, encode, metrics)
+    if streams is not None and method.server_streaming:
+        handle = _bounded(method.name, handle, streams, auth)
     return make_handler(
         handle,
         request_deserializer=decode,
@@ -115,6 +132,45 @@ def _authenticated(
             yield response
 
     return stream if is_stream else unary
+
+
+def _bounded(
+    name: str, behavior: Callable[..., Any], slots: StreamSlots, auth: Authenticator | None
+) -> Callable[..., Any]:
+    """The streaming `behavior` as a handler that writes its responses itself, in a slot."""
+
+    async def handle(request: Any, context: grpc.aio.ServicerContext) -> None:
+        responses = behavior(request, context)  # checks and admission run at the first step
+        try:
+            slot = slots.take(_client(context, auth))
+        except KVStoreError as exc:
+            await responses.aclose()
+            await abort(context, exc)
+        writer = StreamWriter(context, slots, slot)
+        stalled = None
+        try:
+            async for response in responses:
+                await writer.write(response)
+        except StreamStalledError as exc:
+            stalled = exc
+        finally:
+            await responses.aclose()  # the handler's leases and the like end here
+            writer.close()
+        if stalled is not None:
+            log.warning("event=stream_stalled method=%s peer=%s", name, context.peer())
+            await abort(context, stalled)  # its status waits behind the stalled message
+
+    return handle
+
+
+def _client(context: grpc.aio.ServicerContext, auth: Authenticator | None) -> str:
+    """Who a call's limits count against: its tenant, or its peer (one connection)."""
+    if auth is not None and auth.is_enabled:
+        try:
+            return "tenant:" + auth.tenant(context.invocation_metadata())
+        except KVStoreError:
+            pass  # not admitted: its call ends UNAUTHENTICATED at its first step
+    return context.peer()
 
 
 def _counted(

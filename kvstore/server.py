@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from kvstore import grpc_service, wire
 from kvstore.auth import ListenerSecurity
+from kvstore.bounds import BoundsCollector, StreamSettings, StreamSlots
 from kvstore.config import option, parse_bytes
 from kvstore.dataplane.base import DataPlaneServer
 from kvstore.errors import InvalidArgumentError
@@ -36,9 +37,10 @@ log = logging.getLogger("kvstore.server")
 
 
 @dataclass(frozen=True)
-class ServerConfig(TenancySettings, ListenerSecurity):
+class ServerConfig(StreamSettings, TenancySettings, ListenerSecurity):
     """Where and how the gRPC service listens (from `ListenerSecurity`, who may call; from
-    `TenancySettings`, what tenants may see and hold)."""
+    `TenancySettings`, what tenants may see and hold; from `StreamSettings`, how many
+    response streams stay open)."""
 
     host: str = option("127.0.0.1", "address to listen on")
     port: int = option(50051, "gRPC port (0 picks a free one)")
@@ -58,7 +60,16 @@ class ServerConfig(TenancySettings, ListenerSecurity):
     transfer_timeout_s: float = option(30.0, "a data-plane transfer not done by then fails")
     max_dataplane_connections: int = option(1024, "most data-plane connections in all")
     max_dataplane_connections_per_peer: int = option(
-        64, "most data-plane connections from one client address"
+        64, "most data-plane connections admitted for one client address"
+    )
+    max_unproven_sockets: int = option(
+        256, "most data-plane sockets open that said no hello yet (the oldest silent is shed)"
+    )
+    max_unproven_sockets_per_peer: int = option(
+        32, "most data-plane sockets from one address that said no hello yet"
+    )
+    max_calls_per_connection: int = option(
+        256, "most calls open at once on one gRPC connection (HTTP/2 max concurrent streams)"
     )
     dataplane_hello_timeout_s: float = option(
         10.0, "a data-plane connection that sends no frame by then is dropped"
@@ -90,12 +101,20 @@ class ServerConfig(TenancySettings, ListenerSecurity):
             raise InvalidArgumentError("transfer_timeout_s must be positive")
         if min(self.max_dataplane_connections, self.max_dataplane_connections_per_peer) < 1:
             raise InvalidArgumentError("data-plane connection limits must be >= 1")
+        if not 1 <= self.max_unproven_sockets_per_peer <= self.max_unproven_sockets:
+            raise InvalidArgumentError(
+                "unproven socket limits need 1 <= max_unproven_sockets_per_peer "
+                "<= max_unproven_sockets"
+            )
+        if self.max_calls_per_connection < 1:
+            raise InvalidArgumentError("max_calls_per_connection must be >= 1")
         if min(self.dataplane_hello_timeout_s, self.dataplane_idle_timeout_s) <= 0:
             raise InvalidArgumentError("data-plane timeouts must be positive")
         if not 0 < self.chunk_bytes < self.max_message_bytes:
             raise InvalidArgumentError("chunk_bytes must be positive and below max_message_bytes")
         self.check_security()
         self.check_tenancy()
+        self.stream_limits  # noqa: B018 -- checks the stream rows
 
     @property
     def address(self) -> str:
@@ -106,6 +125,7 @@ class ServerConfig(TenancySettings, ListenerSecurity):
         return [
             ("grpc.max_receive_message_length", self.max_message_bytes),
             ("grpc.max_send_message_length", self.max_message_bytes),
+            ("grpc.max_concurrent_streams", self.max_calls_per_connection),
         ]
 
 
@@ -130,6 +150,8 @@ def make_dataplanes(
         net_devices=net_devices_for(config.host),
         max_connections=config.max_dataplane_connections,
         max_connections_per_peer=config.max_dataplane_connections_per_peer,
+        max_unproven_sockets=config.max_unproven_sockets,
+        max_unproven_sockets_per_peer=config.max_unproven_sockets_per_peer,
         hello_timeout_s=config.dataplane_hello_timeout_s,
         idle_timeout_s=config.dataplane_idle_timeout_s,
         max_region_bytes=config.max_shm_region_bytes,
@@ -153,12 +175,16 @@ async def _expire_forever(store: Store, interval_s: float) -> None:
         store.expire()
 
 
-def start_metrics(store: Store, config: ServerConfig) -> tuple[CallMetrics, MetricsExporter] | None:
-    """The node's call metrics and its started /metrics endpoint; None with metrics off."""
+def start_metrics(
+    store: Store, config: ServerConfig, bounds: BoundsCollector
+) -> tuple[CallMetrics, MetricsExporter] | None:
+    """The node's call metrics and its started /metrics endpoint (which also serves
+    `bounds`); None with metrics off."""
     if not config.metrics_port:
         return None
     registry = CollectorRegistry()
     registry.register(StoreCollector(store.stats, store.tenant_bytes))
+    registry.register(bounds)
     return CallMetrics(registry), MetricsExporter(
         registry, config.host, config.metrics_port
     ).start()
@@ -170,18 +196,22 @@ async def start_server(
     dataplanes: Mapping[str, DataPlaneServer] | None = None,
     metrics: CallMetrics | None = None,
     tenants: Tenants | None = None,
+    streams: StreamSlots | None = None,
 ) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
-    """Starts the service for `store` (its `tenants`: none by default); returns the server,
-    its health servicer and port."""
+    """Starts the service for `store` (its `tenants`: none by default; `streams`: the slots of
+    its response streams, from `config` by default); returns the server, its health
+    servicer and port."""
     server = grpc.aio.server(options=config.grpc_options)
     auth = config.authenticator()
+    streams = streams or StreamSlots(config.stream_limits, "kvstore")
     servicer = KVStoreServicer(store, config.chunk_bytes, dataplanes or {}, tenants, auth)
     # Malformed requests: INVALID_ARGUMENT; without a known token: UNAUTHENTICATED.
-    grpc_service.register(server, servicer, metrics=metrics, auth=auth)
+    grpc_service.register(server, servicer, metrics=metrics, auth=auth, streams=streams)
     health_servicer = health.aio.HealthServicer()
     health_service = health_pb2.DESCRIPTOR.services_by_name["Health"]
     # Health stays open: probes carry no tokens, and it tells nothing about any namespace.
-    grpc_service.register(server, health_servicer, health_service, health_pb2)
+    # Its Watch streams count in the same slots, by peer.
+    grpc_service.register(server, health_servicer, health_service, health_pb2, streams=streams)
     port = config.add_port(server, config.address)
     await server.start()
     for service in ("", wire.SERVICE_NAME):
@@ -207,10 +237,13 @@ async def serve(store_config: StoreConfig, config: ServerConfig) -> None:
     """Runs a store node until SIGTERM or SIGINT, then drains in-flight calls and exits."""
     config.check_exposure(config.host)
     store, tenants = make_store(store_config, config)
-    metrics = start_metrics(store, config)
+    streams = StreamSlots(config.stream_limits, "kvstore")
+    bounds = BoundsCollector([streams])
+    metrics = start_metrics(store, config, bounds)
     call_metrics = metrics[0] if metrics else None
     dataplanes = make_dataplanes(store, config, call_metrics, tenants)
-    started = await start_server(store, config, dataplanes, call_metrics, tenants)
+    bounds.sockets.extend(p.unproven for p in dataplanes.values() if p.unproven is not None)
+    started = await start_server(store, config, dataplanes, call_metrics, tenants, streams)
     server, health_servicer, port = started
     log.info(
         "event=serving address=%s:%d dram_bytes=%d policy=%s",
@@ -263,6 +296,7 @@ class EmbeddedServer:
         self._server: grpc.aio.Server | None = None
         self.dataplanes: dict[str, DataPlaneServer] = {}  # by transport, while started
         self._metrics: tuple[CallMetrics, MetricsExporter] | None = None
+        self.streams = StreamSlots(self.config.stream_limits, "kvstore")
         self.port = 0
 
     @property
@@ -276,11 +310,20 @@ class EmbeddedServer:
 
     def start(self) -> EmbeddedServer:
         self._thread.start()
-        self._metrics = start_metrics(self.store, self.config)
+        bounds = BoundsCollector([self.streams])
+        self._metrics = start_metrics(self.store, self.config, bounds)
         call_metrics = self._metrics[0] if self._metrics else None
         self.dataplanes = make_dataplanes(self.store, self.config, call_metrics, self.tenants)
+        bounds.sockets.extend(p.unproven for p in self.dataplanes.values() if p.unproven)
         started = asyncio.run_coroutine_threadsafe(
-            start_server(self.store, self.config, self.dataplanes, call_metrics, self.tenants),
+            start_server(
+                self.store,
+                self.config,
+                self.dataplanes,
+                call_metrics,
+                self.tenants,
+                self.streams,
+            ),
             self._loop,
         )
         self._server, _, self.port = started.result()

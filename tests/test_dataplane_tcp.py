@@ -56,6 +56,7 @@ def _node(host: str = "127.0.0.1") -> EmbeddedServer:
         port=0,
         dataplane="tcp",
         max_dataplane_connections_per_peer=4,
+        max_unproven_sockets_per_peer=4,
         dataplane_hello_timeout_s=2.0,
         transfer_timeout_s=2.0,
     )
@@ -563,19 +564,23 @@ def test_a_client_on_another_host_moves_its_blocks_over_tcp(other_host, dataplan
         assert [bytes(b) for b in got] == [bytes([i + 1]) * NS.block_bytes for i in range(8)]
 
 
-def test_sockets_from_one_address_are_bounded_before_they_say_hello(node):
-    """Past `max_dataplane_connections_per_peer` (4 here) open sockets from one address,
-    the next is closed at once, while the earlier ones wait for their hello deadline."""
-    wait_until(lambda: node.dataplanes["tcp"].num_sockets == 0, 10.0, "earlier sockets closed")
+def test_silent_sockets_from_one_address_shed_the_oldest_and_never_an_admitted_client(node):
+    """Past `max_unproven_sockets_per_peer` (4 here) silent sockets from one address, each
+    newcomer sheds the oldest silent one (closed at once, the rest stay open), and a client
+    admitted meanwhile claims its admission on a socket of its own."""
+    wait_until(lambda: len(node.dataplanes["tcp"].unproven) == 0, 10.0, "earlier sockets gone")
     first = [_raw_socket(node) for _ in range(4)]
+    wait_until(lambda: len(node.dataplanes["tcp"].unproven) == 4, 10.0, "four counted")
     try:
         extra = _raw_socket(node)
-        assert _closed(extra)
-        extra.close()
-        first[0].setblocking(False)
-        with pytest.raises(BlockingIOError):  # still open: the extra one was refused
-            first[0].recv(1)
+        assert _closed(first[0]), "the oldest silent socket was shed"
+        for sock in (*first[1:], extra):
+            sock.setblocking(False)
+            with pytest.raises(BlockingIOError):  # still open
+                sock.recv(1)
+        assert node.dataplanes["tcp"].unproven.num_shed >= 1
+        _round_trip_works(node, seed=13)
+        assert len(node.dataplanes["tcp"].unproven) <= 4
     finally:
-        for sock in first:
+        for sock in (*first, extra):
             sock.close()
-    _round_trip_works(node, seed=13)

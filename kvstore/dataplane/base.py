@@ -11,10 +11,13 @@ import concurrent.futures
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kvstore import errors
 from kvstore.results import ReserveResult
+
+if TYPE_CHECKING:  # the node's side only: a client never loads the bounds
+    from kvstore.bounds import UnprovenSockets
 
 ChecksumMismatchError = errors.ChecksumMismatchError  # raised by Store.commit
 
@@ -27,7 +30,9 @@ class ServerSettings:
     error_handling: bool = False  # UCX peer error handling (disables shared memory)
     net_devices: str = ""  # UCX_NET_DEVICES of the worker; empty: every interface
     max_connections: int = 1024
-    max_connections_per_peer: int = 64
+    max_connections_per_peer: int = 64  # admissions (authenticated handshakes) per address
+    max_unproven_sockets: int = 256  # sockets with no hello yet, in all (`UnprovenSockets`)
+    max_unproven_sockets_per_peer: int = 32  # and from one address
     max_address_bytes: int = 8192
     hello_timeout_s: float = 10.0  # a connection that never sends a frame is dropped
     idle_timeout_s: float = 300.0  # and one that sends none for this long
@@ -55,6 +60,12 @@ class DataPlaneServer(ABC):
     @abstractmethod
     def address(self) -> bytes:
         """Opaque address a client needs to reach this server (e.g. a UCX worker address)."""
+
+    @property
+    def unproven(self) -> UnprovenSockets | None:
+        """The sockets this plane accepted that said no hello yet; None for a plane that
+        accepts none (its connections are made by the authenticated handshake)."""
+        return None
 
     @abstractmethod
     def connect(self, client_address: bytes, peer: str, tenant: str = "") -> Admission:

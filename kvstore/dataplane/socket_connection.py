@@ -28,6 +28,10 @@ from kvstore.results import ReserveResult
 T = TypeVar("T")
 Handshake = Callable[[bytes], tuple[bytes, Admission]]  # b"" -> node's address, mine
 KEEPALIVE_S = 30.0  # well inside the node's idle timeout (`ServerSettings.idle_timeout_s`)
+# A node sheds silent sockets to make room (`kvstore.bounds.UnprovenSockets`); where a flood
+# beside this client shed its socket before the hello was read, the admission is unclaimed
+# and a new socket claims it.
+HELLO_ATTEMPTS = 3
 
 
 class SocketConnection(DataPlaneClient):
@@ -48,8 +52,7 @@ class SocketConnection(DataPlaneClient):
         try:
             server_address, admission = handshake(b"")
             self.client_id = admission.client_id
-            self._sock = self._connect(server_address)
-            self._hello(admission)
+            self._claim(server_address, admission)
         except OSError as exc:
             self._abort()
             raise errors.UnavailableError(f"{self.plane} data plane unreachable: {exc}") from exc
@@ -59,6 +62,20 @@ class SocketConnection(DataPlaneClient):
         threading.Thread(
             target=self._ping_forever, name=f"kvstore-{self.plane}-ping", daemon=True
         ).start()
+
+    def _claim(self, server_address: bytes, admission: Admission) -> None:
+        """Connects and says hello, on a new socket where the node closed one unheard."""
+        for attempt in range(1, HELLO_ATTEMPTS + 1):
+            try:
+                self._sock = self._connect(server_address)
+                self._hello(admission)
+                return
+            except ConnectionError:
+                sock, self._sock = self._sock, None
+                if sock is not None:
+                    sock.close()
+                if attempt == HELLO_ATTEMPTS:
+                    raise
 
     @abstractmethod
     def _connect(self, server_address: bytes) -> socket.socket:

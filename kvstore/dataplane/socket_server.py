@@ -7,9 +7,11 @@ connection id and secret and counts the connection against the same bounds
 (`connections`); the client then connects to the listener and says hello with the secret.
 A socket that does not claim a live admission by `hello_timeout_s` is closed; an
 admission no socket claims is dropped at the same deadline; a connection silent for
-`idle_timeout_s` too. Open sockets, hello said or not, are bounded like connections: in
-all, and for a network listener per address they come from, so one host that connects and
-never says hello cannot take every slot.
+`idle_timeout_s` too. Sockets that said no hello yet are bounded on their own
+(`kvstore.bounds.UnprovenSockets`: in all, and per address for a network listener), apart
+from admitted connections: past a bound the oldest silent one is shed, so sockets that never
+say hello cannot keep an admitted client from claiming its admission. A socket that claimed
+one is counted by its admission (`connections`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import time
 from abc import abstractmethod
 
 from kvstore import errors
+from kvstore.bounds import UnprovenSockets
 from kvstore.dataplane import socket_messages
 from kvstore.dataplane.base import Admission, DataPlaneServer, ServerSettings
 from kvstore.dataplane.connections import Connection, Connections
@@ -57,8 +60,12 @@ class SocketServer(DataPlaneServer):
         self._max_message = socket_messages.max_message_bytes(store.config.max_batch_keys)
         self._listener = listener
         self._lock = threading.Lock()
-        # Open sockets, said hello or not -> the address they came from (None: a Unix socket).
-        self._sockets: dict[socket.socket, str | None] = {}
+        self._unproven = UnprovenSockets(
+            self.plane,
+            self.settings.max_unproven_sockets,
+            self.settings.max_unproven_sockets_per_peer,
+        )
+        self._sockets: set[socket.socket] = set()  # open, said hello or not
         self._bound: dict[int, socket.socket] = {}  # connection id -> its socket
         self._serving: set[threading.Thread] = set()  # a thread per open socket
         self._stopped = threading.Event()
@@ -76,6 +83,10 @@ class SocketServer(DataPlaneServer):
     @property
     def num_connections(self) -> int:
         return len(self._connections)
+
+    @property
+    def unproven(self) -> UnprovenSockets:
+        return self._unproven
 
     @property
     def num_sockets(self) -> int:
@@ -138,18 +149,12 @@ class SocketServer(DataPlaneServer):
             thread = threading.Thread(
                 target=self._serve, args=(sock,), name=f"kvstore-{self.plane}-conn", daemon=True
             )
-            with self._lock:
-                crowded = len(self._sockets) >= self.settings.max_connections or (
-                    peer is not None
-                    and list(self._sockets.values()).count(peer)
-                    >= self.settings.max_connections_per_peer
-                )
-                if not crowded:
-                    self._sockets[sock] = peer
-                    self._serving.add(thread)
-            if crowded:  # sockets that never say hello are bounded like connections
+            if not self._unproven.admit(sock, peer):  # every one in the way is mid-hello
                 sock.close()
                 continue
+            with self._lock:
+                self._sockets.add(sock)
+                self._serving.add(thread)
             thread.start()
 
     # -- a connection --------------------------------------------------------------------
@@ -168,8 +173,9 @@ class SocketServer(DataPlaneServer):
         finally:
             if claimed:
                 self._drop(claimed[0].client_id)
+            self._unproven.discard(sock)
             with self._lock:
-                self._sockets.pop(sock, None)
+                self._sockets.discard(sock)
                 self._serving.discard(threading.current_thread())
             sock.close()
 
@@ -181,8 +187,12 @@ class SocketServer(DataPlaneServer):
 
     def _claim(self, sock: socket.socket, client_id: int, secret: bytes) -> Connection:
         """The admission `client_id` bound to `sock` if `secret` is its secret and no other
-        socket claimed it; PermissionDeniedError otherwise."""
+        socket claimed it; PermissionDeniedError otherwise. Either way `sock` leaves the
+        unproven sockets; a socket shed while its hello arrived claims nothing."""
+        if not self._unproven.heard(sock):
+            raise ConnectionAbortedError("shed before its hello was read")
         conn = self._connections.get(client_id)
+        self._unproven.discard(sock)
         with self._lock:
             claimed = client_id in self._bound
             if conn is None or claimed or not hmac.compare_digest(secret, conn.tags.secret):
