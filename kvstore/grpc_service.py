@@ -19,6 +19,8 @@ ended (`StreamStalledError`) after the handler's own clean-up ran.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -88,6 +90,8 @@ def _handler(
     request_cls = getattr(messages, method.input_type.name)
     response_cls = getattr(messages, method.output_type.name)
     behavior = getattr(servicer, method.name)
+    if method.server_streaming and not inspect.isasyncgenfunction(behavior):
+        behavior = _generating(behavior)  # written against `context.write` (health's Watch)
     decode, encode = _decoder(request_cls), response_cls.SerializeToString
     kinds = {
         (False, False): (grpc.unary_unary_rpc_method_handler, _checked_unary),
@@ -158,9 +162,49 @@ def _bounded(
             writer.close()
         if stalled is not None:
             log.warning("event=stream_stalled method=%s peer=%s", name, context.peer())
-            await abort(context, stalled)  # its status waits behind the stalled message
+            try:
+                await abort(context, stalled)  # its status waits behind the stalled message
+            except grpc.aio.AbortError:
+                raise
+            except Exception:  # the reader went away first: the status had nowhere to go
+                log.info("event=stream_gone method=%s", name)
 
     return handle
+
+
+class _Writes:
+    """A call's context whose `write` is `write`; everything else is the context's."""
+
+    def __init__(self, context: grpc.aio.ServicerContext, write: Callable[[Any], Any]) -> None:
+        self._context = context
+        self.write = write
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+
+def _generating(behavior: Callable[..., Any]) -> Callable[..., AsyncIterator[Any]]:
+    """A streaming handler that sends with `context.write`, as an async generator of what it
+    sends (one message at a time: its write waits until the last one was taken)."""
+
+    async def generate(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        sent: asyncio.Queue[Any] = asyncio.Queue(maxsize=1)
+        task = asyncio.ensure_future(behavior(request, _Writes(context, sent.put)))
+        try:
+            while True:
+                taken = asyncio.ensure_future(sent.get())
+                await asyncio.wait({taken, task}, return_when=asyncio.FIRST_COMPLETED)
+                if not taken.done():
+                    taken.cancel()
+                    break
+                yield taken.result()
+            while not sent.empty():
+                yield sent.get_nowait()
+            task.result()  # its error, if it raised one
+        finally:
+            task.cancel()
+
+    return generate
 
 
 def _client(context: grpc.aio.ServicerContext, auth: Authenticator | None) -> str:

@@ -203,7 +203,8 @@ async def start_server(
     servicer and port."""
     server = grpc.aio.server(options=config.grpc_options)
     auth = config.authenticator()
-    streams = streams or StreamSlots(config.stream_limits, "kvstore")
+    if streams is None:
+        streams = StreamSlots(config.stream_limits, "kvstore")
     servicer = KVStoreServicer(store, config.chunk_bytes, dataplanes or {}, tenants, auth)
     # Malformed requests: INVALID_ARGUMENT; without a known token: UNAUTHENTICATED.
     grpc_service.register(server, servicer, metrics=metrics, auth=auth, streams=streams)
