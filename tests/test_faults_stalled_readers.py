@@ -83,9 +83,9 @@ def test_stalled_readers_hold_a_bounded_footprint_and_others_are_served(node):
         with Client(node.address, transport="grpc", auth_token=ALICE) as alice:
             wait_until(lambda: alice.stats().num_leases == 0, 30.0, "stalled leases freed")
         _served(node.address)
-        with Client(node.address, transport="grpc", auth_token=MALLORY) as mallory:
-            with pytest.raises(errors.TooManyStreamsError, match="max_streams_per_client"):
-                mallory.get(b"\0" * 32, [b"\1" * 32])
+        mallory = Client(node.address, transport="grpc", auth_token=MALLORY)
+        with mallory, pytest.raises(errors.TooManyStreamsError, match="max_streams_per_client"):
+            mallory.get(b"\0" * 32, [b"\1" * 32])
     wait_until(lambda: _metric(node, "kvstore_open_streams") == 0, 30.0, "slots given back")
 
 
