@@ -15,18 +15,26 @@ start and end, the median RSS over its first and last quarter (a leak grows with
 pool that reached its level does not), and the whole series for `--json` and `--plot`. A
 second table gives the figures per op. `--metrics PATH` writes the server's Prometheus
 text, scraped once the clients stopped. Exit status 1 when any byte was corrupted.
+
+`--attack stalled-readers|silent-sockets` runs a hostile client beside the load
+(`bench.attacks`), started before the clients connect and stopped after them: readers that
+open `--attack-size` gRPC Get streams and never read them (default 300), or that many
+sockets kept open to the TCP data plane without a hello (default 256; run it with
+`--transport tcp` so the clients take that plane). The row must still show 0 errors and 0
+corrupted bytes, and the server's RSS says what the attack made it hold.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing as mp
 import queue
 import tempfile
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -35,6 +43,7 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from bench.attacks import KINDS, attack
 from bench.load_server import ServerProcess, free_port, serve
 from bench.load_worker import Channels, LoadConfig, WorkerResult, run_worker
 from bench.options import extra_of
@@ -77,11 +86,19 @@ class LoadRun:
     evictions: int
     transport: str
     server_exit_code: int | None = None
+    attack: str = ""  # the hostile client beside the load ("kind:size"), if any
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clients", type=int, metavar="N", help="client processes (32)")
     parser.add_argument("--seconds", type=float, metavar="T", help="timed loop length (60)")
+    parser.add_argument(
+        "--transport", choices=("auto", "shm", "tcp", "ucx"), help="the clients' data plane (auto)"
+    )
+    parser.add_argument("--attack", choices=KINDS, help="a hostile client beside the load")
+    parser.add_argument(
+        "--attack-size", type=int, metavar="N", help="its streams (300) or sockets (256)"
+    )
     parser.add_argument(
         "--metrics",
         type=Path,
@@ -96,15 +113,37 @@ def _config(options: SuiteOptions) -> LoadConfig:
     extra = extra_of(options)
     clients = extra.get("clients") or base.num_clients
     seconds = extra.get("seconds") or base.seconds
-    return replace(base, num_clients=clients, seconds=seconds)
+    transport = extra.get("transport") or base.transport
+    return replace(base, num_clients=clients, seconds=seconds, transport=transport)
 
 
-def _server_flags(config: LoadConfig, metrics_port: int | None) -> list[str]:
+def _server_flags(config: LoadConfig, metrics_port: int | None, tcp_port: int) -> list[str]:
     metrics = ["--metrics-port", str(metrics_port)] if metrics_port else []
     return [
         "--dram-bytes", str(config.dram_bytes), "--slab-bytes", str(config.slab_bytes),
-        "--dataplane", "auto", *metrics,
+        "--dataplane", "auto", "--dataplane-tcp-port", str(tcp_port), *metrics,
     ]  # fmt: skip
+
+
+@contextlib.contextmanager
+def _beside(
+    options: SuiteOptions, config: LoadConfig, server: ServerProcess, tcp_port: int
+) -> Iterator[str]:
+    """The attack `--attack` names, running until the block ends; yields its name ("" for
+    none)."""
+    extra = extra_of(options)
+    kind = extra.get("attack")
+    if not kind:
+        yield ""
+        return
+    size = extra.get("attack_size") or (300 if kind == "stalled-readers" else 256)
+    target = server.address if kind == "stalled-readers" else f"127.0.0.1:{tcp_port}"
+    # The readers' blocks take a quarter of DRAM: leased until their stall deadline, the rest
+    # is the load's.
+    blocks = ["--blocks", "4", "--block-bytes", str(config.dram_bytes // 16)]
+    with attack(kind, target, size, *blocks) as ready:
+        Console(stderr=True).print(f"attack beside the load: {kind} ({ready})")
+        yield f"{kind}:{size}"
 
 
 def _scrape(port: int, path: Path) -> None:
@@ -257,6 +296,7 @@ def summary_row(run: LoadRun) -> Row:
     total = {f: sum(getattr(r, f) for r in run.results) for f in COUNTS}
     return {
         "clients": run.config.num_clients,
+        "attack": run.attack or "-",
         "seconds": round(run.elapsed_s, 2),
         "transport": run.transport,
         "ops": int(latencies.size),
@@ -321,9 +361,11 @@ def run(options: SuiteOptions) -> list[Row]:
     config = _config(options)
     metrics_path = extra_of(options).get("metrics")
     metrics_port = free_port() if metrics_path else None
+    tcp_port = free_port()
     with tempfile.TemporaryDirectory(prefix="kvstore-load-") as tmp:
-        with serve(_server_flags(config, metrics_port), Path(tmp)) as server:
-            result = _drive(config, server)
+        with serve(_server_flags(config, metrics_port, tcp_port), Path(tmp)) as server:
+            with _beside(options, config, server, tcp_port) as attacking:
+                result = replace(_drive(config, server), attack=attacking)
             if metrics_port:
                 _scrape(metrics_port, Path(str(metrics_path)))
         result = replace(result, server_exit_code=server.proc.returncode)

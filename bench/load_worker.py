@@ -58,6 +58,7 @@ class LoadConfig:
     max_get_blocks: int = 8
     timeout_s: float = 30.0
     seed: int = 0
+    transport: str = "auto"  # the data plane of the "dp" client (`Client(transport=...)`)
 
     def __post_init__(self) -> None:
         if self.num_clients < 1 or self.seconds <= 0 or self.warm_up_s < 0:
@@ -284,7 +285,7 @@ def run_worker(config: LoadConfig, index: int, address: str, channels: Channels)
     `release`, close."""
     timeout_s = config.timeout_s
     with (
-        Client(address, timeout_s=timeout_s, transport="auto") as dp,
+        Client(address, timeout_s=timeout_s, transport=config.transport) as dp,
         Client(address, timeout_s=timeout_s, transport="grpc") as grpc,
     ):
         worker = Worker(config, index, dp, grpc)

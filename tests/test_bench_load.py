@@ -68,6 +68,24 @@ def _samples(text: str) -> dict[str, float]:
     return sums
 
 
+@pytest.mark.parametrize(
+    ("attack", "size", "transport"),
+    [("stalled-readers", "60", "auto"), ("silent-sockets", "64", "tcp")],
+)
+def test_a_run_beside_an_attack_ends_without_errors(tmp_path: Path, attack, size, transport):
+    """Readers that never read, or sockets that never say hello (on the plane the clients
+    take), beside the load: every op still succeeds and every byte read is right."""
+    out = tmp_path / "load.json"
+    argv = ["load", "--quick", "--clients", "2", "--seconds", "3", "--json", str(out)]
+    argv += ["--attack", attack, "--attack-size", size, "--transport", transport]
+    assert main(argv) == 0
+    [row] = json.loads(out.read_text())
+    assert row["attack"] == f"{attack}:{size}"
+    assert (row["errors"], row["corrupted"]) == (0, 0), row["error_classes"]
+    assert row["verified_bytes"] > 0
+    assert transport == "auto" or row["transport"] == transport
+
+
 def _series(rss_mib: list[float]) -> list[load.Snapshot]:
     return [load.Snapshot(float(t), int(m * 2**20), 96) for t, m in enumerate(rss_mib)]
 
