@@ -20,6 +20,7 @@ ended (`StreamStalledError`) after the handler's own clean-up ran.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import time
@@ -132,8 +133,9 @@ def _authenticated(
 
     async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         await admit(context)
-        async for response in behavior(request, context):
-            yield response
+        async with contextlib.aclosing(behavior(request, context)) as responses:
+            async for response in responses:
+                yield response
 
     return stream if is_stream else unary
 
@@ -145,6 +147,8 @@ def _bounded(
 
     async def handle(request: Any, context: grpc.aio.ServicerContext) -> None:
         responses = behavior(request, context)  # checks and admission run at the first step
+        # Every wrapper closes what it wraps (`contextlib.aclosing`): closing `responses`
+        # runs the handler's own clean-up, in order, before the slot is given back.
         try:
             slot = slots.take(_client(context, auth))
         except KVStoreError as exc:
@@ -257,8 +261,9 @@ def _timed(
     async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         start = time.perf_counter()
         try:
-            async for response in behavior(request, context):
-                yield response
+            async with contextlib.aclosing(behavior(request, context)) as responses:
+                async for response in responses:
+                    yield response
         finally:
             m.observe("grpc", name, time.perf_counter() - start, _error_class(context))
 
@@ -293,8 +298,9 @@ def _checked_unary_stream(name: str, behavior: Callable[..., Any]) -> Callable[.
     async def handle(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         if isinstance(request, Malformed):
             await abort(context, _refusal(name, context, request))
-        async for response in behavior(request, context):
-            yield response
+        async with contextlib.aclosing(behavior(request, context)) as responses:
+            async for response in responses:
+                yield response
 
     return handle
 

@@ -40,6 +40,8 @@ class StreamWriter:
         finally:
             if not send.done():  # stalled, or this handler cancelled: it settles below
                 self._pending = send
+            elif not send.cancelled():
+                send.exception()  # retrieved: raised below, or dropped with a cancellation
         if self._pending is not None:
             self._slots.stalled()
             raise errors.StreamStalledError(
