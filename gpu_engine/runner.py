@@ -3,7 +3,8 @@
 The engine is not thread-safe, so exactly one thread (the runner's) calls it: it admits
 submitted requests between steps, steps while anything is unfinished and hands each output
 to the stream of its request. Callers `submit` from any thread and read a `queue.Queue` of
-`RequestOutput` until an output is finished, or the exception ending the request: refused
+`RequestOutput` (or, with `submit_to`, give an `OutputSink` of their own: an event loop's,
+say) until an output is finished, or the exception ending the request: refused
 on submission, a prefill engine's publish that fell short (`PublishError`), or
 `RequestAbortedError` after the caller `cancel`led it (its caller is gone: the engine stops
 computing it between two steps). A step that raises stops the engine: every stream gets
@@ -16,7 +17,7 @@ import logging
 import queue
 import threading
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from gpu_engine.connector import StoreConnector
 from gpu_engine.engine import Engine
@@ -27,6 +28,14 @@ from gpu_engine.sampling import SamplingParams
 logger = logging.getLogger(__name__)
 
 OutputStream = queue.Queue[RequestOutput | EngineError]
+
+
+class OutputSink(Protocol):
+    """Where the runner hands a request's outputs, one `put` each, from its engine thread
+    (from the submitting thread where the runner refuses the request at once). The last is
+    finished, or an `EngineError`; nothing follows it. `OutputStream` is one."""
+
+    def put(self, item: RequestOutput | EngineError) -> None: ...
 
 
 class EngineLoad(NamedTuple):
@@ -52,11 +61,11 @@ class _Submission(NamedTuple):
     params: SamplingParams
     num_published_tokens: int
     prefetch: bool
-    stream: OutputStream
+    stream: OutputSink
 
 
 class _Cancel(NamedTuple):
-    stream: OutputStream
+    stream: OutputSink
 
 
 class EngineRunner:
@@ -73,7 +82,7 @@ class EngineRunner:
         self._inbox: queue.SimpleQueue[_Submission | _Cancel | None] = queue.SimpleQueue()
         self._num_inbox = 0  # submitted, not yet taken by the engine thread
         self._lock = threading.Lock()
-        self._streams: dict[int, OutputStream] = {}
+        self._streams: dict[int, OutputSink] = {}
         self._failure: EngineFailedError | None = None  # set when a step raised
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
 
@@ -97,16 +106,27 @@ class EngineRunner:
         """Queues a request (`Engine.add_request` says what the arguments mean); its outputs,
         or the error ending it, arrive on the stream."""
         stream: OutputStream = queue.Queue()
-        with self._lock:  # held while queueing: a failure drains what was queued before it
-            if self._failure is not None:
-                stream.put(self._failure)
-                return stream
-            self._num_inbox += 1
-            sub = _Submission(list(prompt), params, num_published_tokens, prefetch, stream)
-            self._inbox.put(sub)
+        self.submit_to(stream, prompt, params, num_published_tokens, prefetch)
         return stream
 
-    def cancel(self, stream: OutputStream) -> None:
+    def submit_to(
+        self,
+        sink: OutputSink,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        num_published_tokens: int = 0,
+        prefetch: bool = False,
+    ) -> None:
+        """`submit`, with the outputs handed to `sink`; `cancel(sink)` aborts the request."""
+        with self._lock:  # held while queueing: a failure drains what was queued before it
+            if self._failure is not None:
+                sink.put(self._failure)
+                return
+            self._num_inbox += 1
+            sub = _Submission(list(prompt), params, num_published_tokens, prefetch, sink)
+            self._inbox.put(sub)
+
+    def cancel(self, stream: OutputSink) -> None:
         """Aborts the request of `stream` (`Engine.abort`) between two steps; `stream` then
         gets `RequestAbortedError`. A no-op once the request has finished or was refused."""
         self._inbox.put(_Cancel(stream))
@@ -188,7 +208,7 @@ class EngineRunner:
                 continue
             self._streams[request_id] = sub.stream
 
-    def _cancel(self, stream: OutputStream) -> None:
+    def _cancel(self, stream: OutputSink) -> None:
         # The stream's submission came through the inbox before this cancel did.
         request_id = next((i for i, s in self._streams.items() if s is stream), None)
         if request_id is None:  # finished, or refused on submission

@@ -1,9 +1,15 @@
 """The engine process: `EngineService` over gRPC (Generate, Load) in front of an `EngineRunner`.
 
-A thread-pool gRPC server: each Generate call submits its request to the runner and streams
-the tokens from the request's output stream as the engine thread samples them. A caller
-that cancels its stream, or goes away, aborts the request: the engine stops computing it
-and frees its pages. Protobuf types stop here and in `gpu_engine.engine_client`.
+A grpc.aio server on an event loop thread of its own: each Generate call submits its request
+to the runner and streams the tokens the engine thread samples, handed to the loop without
+blocking it (`_LatestOutput`). The service is registered through `kvstore.grpc_service`, so
+a call without a known token ends UNAUTHENTICATED, and each Generate stream takes a slot of
+its client (its tenant, or its connection) and of the engine (`StreamSettings`): past a
+bound a new stream ends RESOURCE_EXHAUSTED (`TooManyStreamsError`), and a reader that takes
+nothing for `stream_stall_timeout_s` has its stream ended (`StreamStalledError`). A stream
+that ends before its request does, however (cancelled, gone, stalled), aborts the request:
+the engine stops computing it and frees its pages. Protobuf types stop here and in
+`gpu_engine.engine_client`.
 
 Disaggregated, a conductor sends a request to a `--role prefill` engine, whose stream
 carries the first token and ends (finish reason "prefill") with `num_published_tokens`
@@ -13,13 +19,15 @@ once the prompt's blocks are in the store, then sends the same request with that
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import signal
 import threading
-from collections.abc import Iterator
-from concurrent import futures
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any, TypeVar
 
 import grpc
 from prometheus_client import CollectorRegistry
@@ -39,23 +47,30 @@ from gpu_engine.errors import (
 from gpu_engine.outputs import RequestOutput
 from gpu_engine.runner import EngineRunner
 from gpu_engine.sampling import SamplingParams
-from kvstore import errors
+from kvstore import errors, grpc_service
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore._proto import kvstore_pb2_grpc as pb_grpc
-from kvstore.auth import ListenerSecurity, TokenInterceptor
+from kvstore.auth import ListenerSecurity
+from kvstore.bounds import BoundsCollector, StreamSettings, StreamSlots
 from kvstore.config import option
 from kvstore.metrics import EngineMetrics, MetricsExporter
 
 logger = logging.getLogger(__name__)
+SERVICE = pb.DESCRIPTOR.services_by_name["EngineService"]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class EngineServiceConfig(ListenerSecurity):
-    """Where the engine listens (and, from `ListenerSecurity`, who may call it)."""
+class EngineServiceConfig(StreamSettings, ListenerSecurity):
+    """Where the engine listens (from `ListenerSecurity`, who may call it; from
+    `StreamSettings`, how many Generate streams it serves at once)."""
 
+    # One conductor is usually an engine's only client: half of max_streams leaves room
+    # for a second one (the store's default, 32, would refuse a busy conductor).
+    max_streams_per_client: int = option(
+        128, "most Generate streams one client keeps open (TooManyStreamsError past it)"
+    )
     host: str = option("127.0.0.1", "address to listen on")
     port: int = option(50061, "gRPC port of the EngineService; 0 picks a free one")
-    max_workers: int = option(64, "gRPC threads: the most Generate streams served at once")
     grace_s: float = option(5.0, "on SIGTERM, how long running streams may finish")
     metrics_port: int = option(0, "port of the Prometheus /metrics endpoint on --host (0: off)")
 
@@ -63,9 +78,8 @@ class EngineServiceConfig(ListenerSecurity):
         for name in ("port", "metrics_port"):
             if not 0 <= getattr(self, name) < 65536:
                 raise errors.InvalidArgumentError(f"{name} must be in [0, 65536)")
-        if self.max_workers <= 0:
-            raise errors.InvalidArgumentError("max_workers must be > 0")
         self.check_security()
+        self.stream_limits  # noqa: B018 -- checks the stream rows
 
     @property
     def address(self) -> str:
@@ -85,11 +99,11 @@ _WIRE_ERRORS: MappingProxyType[type[EngineError], type[errors.KVStoreError]] = M
 )
 
 
-def _abort(context: grpc.ServicerContext, exc: EngineError) -> None:
+async def _abort(context: grpc.aio.ServicerContext, exc: EngineError) -> None:
+    """Ends the call with the wire error of `exc` (INTERNAL for one not in the mapping)."""
     wire = next((w for cls, w in _WIRE_ERRORS.items() if isinstance(exc, cls)), None)
-    wire = wire if wire is not None else errors.KVStoreError  # INTERNAL
-    context.set_trailing_metadata(((errors.ERROR_METADATA_KEY, wire.__name__),))
-    context.abort(grpc.StatusCode[wire.code], str(exc))
+    wire = wire if wire is not None else errors.KVStoreError
+    await grpc_service.abort(context, wire(str(exc)))
 
 
 def _params(request: pb.GenerateRequest) -> SamplingParams:
@@ -117,47 +131,86 @@ def _response(out: RequestOutput, num_sent: int, return_logits: bool) -> pb.Gene
     return msg
 
 
-class EngineServicer(pb_grpc.EngineServiceServicer):
-    """Generate and Load over one `EngineRunner`."""
+class _LatestOutput:
+    """One request's `OutputSink`: the engine thread puts, an event loop `take`s.
+
+    A request's outputs are cumulative (each holds every token so far), so a newer one
+    replaces one not taken yet: however slowly its reader takes them, a request holds at
+    most one output here, not one per token. Nothing follows the last output (finished, or
+    an error: `OutputSink`), so that one is never replaced.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._item: RequestOutput | EngineError | None = None
+        self._ready = asyncio.Event()  # touched on the loop only
+
+    def put(self, item: RequestOutput | EngineError) -> None:
+        with self._lock:
+            self._item = item
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody takes it
+            self._loop.call_soon_threadsafe(self._ready.set)
+
+    async def take(self) -> RequestOutput | EngineError:
+        """The newest output not taken yet, waiting for one without blocking the loop."""
+        while True:
+            self._ready.clear()  # a put after this sets it again (a stale set: one more turn)
+            with self._lock:
+                item, self._item = self._item, None
+            if item is not None:
+                return item
+            await self._ready.wait()
+
+
+class EngineServicer:
+    """Generate and Load over one `EngineRunner`, for `kvstore.grpc_service.register`."""
 
     def __init__(self, runner: EngineRunner, metrics: EngineMetrics | None = None) -> None:
         self.runner = runner
         self.metrics = metrics
 
-    def Generate(
-        self, request: pb.GenerateRequest, context: grpc.ServicerContext
-    ) -> Iterator[pb.GenerateResponse]:
+    async def Generate(
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GenerateResponse]:
         try:
             params = _params(request)
         except (EngineError, ValueError) as exc:
-            _abort(context, InvalidRequestError(str(exc)))
+            await _abort(context, InvalidRequestError(str(exc)))
+        outputs = _LatestOutput(asyncio.get_running_loop())
         prompt, num_published = list(request.prompt_token_ids), request.num_published_tokens
-        stream = self.runner.submit(prompt, params, num_published, request.prefetch)
-        # Called when the RPC ends, however: a caller who cancels or goes away frees the
-        # engine of the request (a no-op if it finished first).
-        if not context.add_callback(lambda: self.runner.cancel(stream)):
-            self.runner.cancel(stream)
-        num_sent = 0
-        while True:
-            out = stream.get()
-            if isinstance(out, RequestAbortedError):
-                return  # the RPC is over
-            if isinstance(out, EngineError):
-                _abort(context, out)
-            assert isinstance(out, RequestOutput), f"unexpected stream item {out!r}"
-            yield _response(out, num_sent, request.return_logits)
-            num_sent = len(out.output_token_ids)
-            if out.finished:
-                if self.metrics is not None:
-                    self.metrics.finished(out)
-                return
+        self.runner.submit_to(outputs, prompt, params, num_published, request.prefetch)
+        try:
+            num_sent = 0
+            while True:
+                out = await outputs.take()
+                if isinstance(out, RequestAbortedError):
+                    return  # cancelled, not by this stream: nothing more comes
+                if isinstance(out, EngineError):
+                    await _abort(context, out)
+                assert isinstance(out, RequestOutput), f"unexpected stream item {out!r}"
+                yield _response(out, num_sent, request.return_logits)
+                num_sent = len(out.output_token_ids)
+                if out.finished:
+                    if self.metrics is not None:
+                        self.metrics.finished(out)
+                    return
+        finally:
+            # However the stream ends (finished, cancelled, gone, stalled), the engine is
+            # freed of the request: a no-op where it finished first.
+            self.runner.cancel(outputs)
 
-    def Load(self, request: pb.LoadRequest, context: grpc.ServicerContext) -> pb.LoadResponse:
+    async def Load(
+        self, request: pb.LoadRequest, context: grpc.aio.ServicerContext
+    ) -> pb.LoadResponse:
         return pb.LoadResponse(**self.runner.load()._asdict())
 
 
 class EngineServer:
-    """An engine, its store connector, its runner thread and its gRPC server.
+    """An engine, its store connector, its runner thread and its gRPC server (grpc.aio, on an
+    event loop thread of its own).
+
+    Attributes: `runner`; `streams`, the slots of its Generate streams.
 
     Example:
         >>> with EngineServer(EngineConfig(), StoreConnectorConfig(store="127.0.0.1:50051"),
@@ -174,30 +227,42 @@ class EngineServer:
         self.config = config
         self.connector = StoreConnector(connector_config) if connector_config.store else None
         self.runner = EngineRunner(Engine(engine_config, self.connector), self.connector)
-        auth = config.authenticator()
-        interceptors = [TokenInterceptor(auth)] if auth.is_enabled else []
-        pool = futures.ThreadPoolExecutor(max_workers=config.max_workers)
-        self._server = grpc.server(pool, interceptors=interceptors)
+        self.streams = StreamSlots(config.stream_limits, "engine")
+        self._auth = config.authenticator()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="engine-grpc", daemon=True
+        )
+        self._server: grpc.aio.Server | None = None
         self._exporter: MetricsExporter | None = None
-        metrics = None
+        self._metrics: EngineMetrics | None = None
         if config.metrics_port:
             registry = CollectorRegistry()
-            metrics = EngineMetrics(registry, self.runner.load)
+            self._metrics = EngineMetrics(registry, self.runner.load)
+            registry.register(BoundsCollector([self.streams]))
             self._exporter = MetricsExporter(registry, config.host, config.metrics_port)
-        servicer = EngineServicer(self.runner, metrics)
-        pb_grpc.add_EngineServiceServicer_to_server(servicer, self._server)
-        self.port = config.add_port(self._server, config.address)
+        self.port = 0  # resolved by `start`
 
     @property
     def address(self) -> str:
+        """host:port, once started."""
         return f"{self.config.host}:{self.port}"
 
     def start(self) -> EngineServer:
         self.runner.start()
-        self._server.start()
+        self._thread.start()
+        self._server, self.port = self._call(self._start_grpc())
         if self._exporter is not None:
             self._exporter.start()
         return self
+
+    async def _start_grpc(self) -> tuple[grpc.aio.Server, int]:
+        server = grpc.aio.server()  # bound to this loop: made on it
+        servicer = EngineServicer(self.runner, self._metrics)
+        grpc_service.register(server, servicer, SERVICE, pb, auth=self._auth, streams=self.streams)
+        port = self.config.add_port(server, self.config.address)
+        await server.start()
+        return server, port
 
     @property
     def metrics_port(self) -> int:
@@ -205,12 +270,25 @@ class EngineServer:
         return self._exporter.port if self._exporter is not None else 0
 
     def stop(self, grace_s: float | None = None) -> None:
-        self._server.stop(grace_s).wait()
+        """Refuses new calls, lets running ones finish for `grace_s` (None: ends them now),
+        then stops the engine; the streams it ended abort their requests."""
+        if self._server is not None:
+            self._call(self._server.stop(grace_s))
+            self._server = None
         if self._exporter is not None:
             self._exporter.stop()
         self.runner.stop()
+        if self._thread.is_alive():
+            self._call(self._loop.shutdown_asyncgens())
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+        self._loop.close()
         if self.connector is not None:
             self.connector.close()
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Runs `coro` on the server's loop and waits for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def __enter__(self) -> EngineServer:
         return self.start()
