@@ -42,7 +42,7 @@ import itertools
 import logging
 import random
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -250,63 +250,73 @@ class Conductor:
             InvalidArgumentError: an engine refused the request.
             UnavailableError: an engine is unreachable or could not publish the prompt.
         """
+        # Closing this stream closes the engine's at once (`aclosing`), not when the
+        # collector finds them: a stream ended for a stalled reader frees its engines now.
         try:
-            async for chunk in self._prefill(ticket):
-                yield chunk
-            if ticket.finish_reason == PREFILL_DONE:
-                async for chunk in self._decode(ticket):
+            async with contextlib.aclosing(self._prefill(ticket)) as prefill:
+                async for chunk in prefill:
                     yield chunk
+            if ticket.finish_reason == PREFILL_DONE:
+                async with contextlib.aclosing(self._decode(ticket)) as decode:
+                    async for chunk in decode:
+                        yield chunk
         except KVStoreError as exc:
             ticket.finish_reason = f"error:{type(exc).__name__}"
             raise
         finally:
             self.release(ticket)
 
-    async def _prefill(self, t: Ticket) -> AsyncIterator[CompletionChunk]:
+    async def _prefill(self, t: Ticket) -> AsyncGenerator[CompletionChunk, None]:
         engine = self.engines[self.roles.prefill[t.accept.prefill]]
         dview = self.cluster.decodes[t.accept.decode]
         final: EngineChunk | None = None
-        async for msg in self._generate(engine, t, 0):
-            if msg.token_ids and not t.tokens:  # its compute is over: the first token is out
-                self._prefill_over(t, served=True)
-                if self.roles.is_colocated:
-                    dview.start(t.request_id, t.input_len, 0)
-            elif msg.token_ids and self.roles.is_colocated:  # decode steps, after the first
-                now_s = self.now_s()
-                gap_s = now_s - t.last_token_s
-                self.cluster.observe_decode(t.accept.decode, now_s, gap_s, len(msg.token_ids))
-            if msg.token_ids and self.roles.is_colocated:
-                dview.advance(t.request_id, len(msg.token_ids))
-            if msg.token_ids:
-                yield self._out(t, msg.token_ids)
-            final = msg if msg.finish_reason else final
+        async with contextlib.aclosing(self._generate(engine, t, 0)) as stream:
+            async for msg in stream:
+                if msg.token_ids and not t.tokens:  # its compute is over: the first token is out
+                    self._prefill_over(t, served=True)
+                    if self.roles.is_colocated:
+                        dview.start(t.request_id, t.input_len, 0)
+                elif msg.token_ids and self.roles.is_colocated:  # decode steps, after the first
+                    now_s = self.now_s()
+                    gap_s = now_s - t.last_token_s
+                    self.cluster.observe_decode(t.accept.decode, now_s, gap_s, len(msg.token_ids))
+                if msg.token_ids and self.roles.is_colocated:
+                    dview.advance(t.request_id, len(msg.token_ids))
+                if msg.token_ids:
+                    yield self._out(t, msg.token_ids)
+                final = msg if msg.finish_reason else final
         assert final is not None, "an engine stream ended without a finish reason"
         t.finish_reason, t.cached_tokens = final.finish_reason, final.cached_tokens
         t.num_published_tokens = final.num_published_tokens
 
-    async def _decode(self, t: Ticket) -> AsyncIterator[CompletionChunk]:
+    async def _decode(self, t: Ticket) -> AsyncGenerator[CompletionChunk, None]:
         engine = self.engines[self.roles.decode[t.accept.decode]]
         dview = self.cluster.decodes[t.accept.decode]
         dview.start(t.request_id, t.input_len, len(t.tokens), is_waiting=True)
         sent = list(t.tokens)  # what the client has: the decode stream repeats it first
         last_s = None  # the engine's previous message (its first follows the KV's load)
-        async for msg in self._generate(engine, t, t.num_published_tokens):
-            new = list(msg.token_ids)
-            while sent and new:
-                if new.pop(0) != sent.pop(0):
-                    log.warning("event=handoff_mismatch request=%d", t.request_id)
-            if msg.token_ids:  # the engine runs it (the repeated first token included)
-                dview.advance(t.request_id, len(new))
-                now_s = self.now_s()
-                if last_s is not None and new:
-                    self.cluster.observe_decode(t.accept.decode, now_s, now_s - last_s, len(new))
-                last_s = now_s
-            if new:
-                yield self._out(t, new)
-            if msg.finish_reason:
-                t.finish_reason = msg.finish_reason
+        async with contextlib.aclosing(self._generate(engine, t, t.num_published_tokens)) as s:
+            async for msg in s:
+                new = list(msg.token_ids)
+                while sent and new:
+                    if new.pop(0) != sent.pop(0):
+                        log.warning("event=handoff_mismatch request=%d", t.request_id)
+                if msg.token_ids:  # the engine runs it (the repeated first token included)
+                    dview.advance(t.request_id, len(new))
+                    now_s = self.now_s()
+                    if last_s is not None and new:
+                        self.cluster.observe_decode(
+                            t.accept.decode, now_s, now_s - last_s, len(new)
+                        )
+                    last_s = now_s
+                if new:
+                    yield self._out(t, new)
+                if msg.finish_reason:
+                    t.finish_reason = msg.finish_reason
 
-    def _generate(self, engine: Engine, t: Ticket, published: int) -> AsyncIterator[EngineChunk]:
+    def _generate(
+        self, engine: Engine, t: Ticket, published: int
+    ) -> AsyncGenerator[EngineChunk, None]:
         r = t.request
         return engine.generate(r.prompt_token_ids, r.max_tokens, r.temperature, r.seed, published)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvstore.auth import ListenerSecurity
+from kvstore.bounds import StreamSettings
 from kvstore.config import option
 from kvstore.errors import InvalidArgumentError
 from kvstore.scheduler.front.speed import MAX_AGE_S, WINDOW
@@ -13,10 +14,11 @@ from kvstore.scheduler.slo import SLO
 
 
 @dataclass(frozen=True)
-class ConductorConfig(ListenerSecurity):
-    """What the conductor fronts, how it decides, and where it listens (and, from
+class ConductorConfig(StreamSettings, ListenerSecurity):
+    """What the conductor fronts, how it decides, and where it listens (from
     `ListenerSecurity`, who may call it: a token file guards `/v1/completions` and the gRPC
-    service, TLS serves both).
+    service, TLS serves both; from `StreamSettings`, how many response streams, HTTP and
+    gRPC together, stay open per client and in all, and when a stalled one is ended).
 
     Engine roles are not configured: each engine's Load reports its own. The block size
     comes from the engines too; `model`, `model_id`, `dtype` and `tenant_salt` name the
@@ -78,6 +80,7 @@ class ConductorConfig(ListenerSecurity):
         if not self.engine_timeout_s > 0 or not self.ready_timeout_s > 0:
             raise InvalidArgumentError("engine_timeout_s and ready_timeout_s must be > 0")
         self.check_security()
+        self.stream_limits  # noqa: B018 - checks the stream rows
         try:
             self.slo  # noqa: B018 - validates the SLO times
         except ValueError as exc:

@@ -8,7 +8,7 @@ wire messages and the same error mapping (`raise_rpc_error`). Protobuf types sto
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import NamedTuple, Protocol
 
 import grpc
@@ -55,8 +55,9 @@ class Engine(Protocol):
         temperature: float,
         seed: int | None,
         num_published_tokens: int = 0,
-    ) -> AsyncIterator[EngineChunk]:
-        """Its messages for one request; the last has the finish reason."""
+    ) -> AsyncGenerator[EngineChunk, None]:
+        """Its messages for one request; the last has the finish reason. Closing the
+        generator ends the request on the engine."""
 
     async def prefetch(self, prompt: Sequence[int]) -> int | None:
         """Loads the store's blocks of `prompt` that its prefix cache lacks into it; the
@@ -110,7 +111,7 @@ class EngineHandle:
         temperature: float,
         seed: int | None,
         num_published_tokens: int = 0,
-    ) -> AsyncIterator[EngineChunk]:
+    ) -> AsyncGenerator[EngineChunk, None]:
         """Streams one request's messages; the call is cancelled if the caller stops early.
 
         Raises:

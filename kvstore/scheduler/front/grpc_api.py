@@ -3,8 +3,10 @@
 
 A refused request ends with RESOURCE_EXHAUSTED at once: the details say why, trailing
 metadata "kvstore-reject-reason" names the reason and "retry-after" the whole seconds to
-wait (absent when it can never fit). Malformed input is INVALID_ARGUMENT
-(`kvstore.grpc_service.register`).
+wait (absent when it can never fit). Malformed input is INVALID_ARGUMENT, and each call
+holds one of the conductor's stream slots, ended when its reader stalls
+(`kvstore.grpc_service.register`): a stalled call's generator is closed, which ends its
+engine calls and its ticket.
 """
 
 from __future__ import annotations
@@ -48,13 +50,15 @@ class ConductorServicer:
         except RejectedError as exc:
             await _refuse(context, exc)
         detok = Detokenizer()
+        chunks = self.conductor.run(ticket)
         try:
-            async for chunk in self.conductor.run(ticket):
+            async for chunk in chunks:
                 ids = list(chunk.token_ids)
                 yield self._message(ticket, ids, detok.feed(ids))
         except KVStoreError as exc:
             await abort(context, exc)
         finally:
+            await chunks.aclose()  # closed here (a stall, a cancel): the engine calls end now
             self.conductor.release(ticket)
         yield self._last(ticket, detok.feed([], final=True))
 

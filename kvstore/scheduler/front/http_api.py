@@ -20,33 +20,53 @@ rounded up) unless it can never fit. Bad input is 400; an engine that fails befo
 first token is 503 (400 if it refused the input); after it, the stream carries
 ``data: {"error": ...}`` and ends without ``[DONE]``. A client that hangs up, streaming or
 not, ends its request on the engines.
+
+A stream holds one of the conductor's stream slots (`StreamSlots`, shared with the gRPC
+service) from before its admission until nothing of it is left here. Its client is the
+tenant its bearer token names (the gRPC service counts a tenant's calls under the same
+name), or, without tokens, its remote address. Past ``max_streams_per_client`` or
+``max_streams`` a stream request gets 429 at once, ``error.code`` ``too_many_streams``, the
+message naming the limit; no Retry-After, since when a slot frees depends on other
+streams' readers. A stream whose reader takes nothing for ``stream_stall_timeout_s`` is
+ended (`EventStream`): its engine calls are cancelled and its connection aborted.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from kvstore.auth import Authenticator
+from kvstore.bounds import StreamLimits, StreamSlots
 from kvstore.errors import (
     InvalidArgumentError,
     KVStoreError,
+    StreamStalledError,
+    TooManyStreamsError,
     UnauthenticatedError,
     UnavailableError,
 )
-from kvstore.scheduler.front.completion import CompletionRequest, RejectedError, check
+from kvstore.scheduler.front.completion import (
+    CompletionChunk,
+    CompletionRequest,
+    RejectedError,
+    check,
+)
 from kvstore.scheduler.front.conductor import Conductor, Ticket
+from kvstore.scheduler.front.event_stream import EventStream
 from kvstore.scheduler.front.metrics import ConductorMetrics
 from kvstore.scheduler.front.tokenizer import ByteTokenizer, Detokenizer
 from kvstore.scheduler.slo import SLO
 
+log = logging.getLogger("kvstore.conductor")
 DEFAULT_MAX_TOKENS = 16
 
 
@@ -61,6 +81,8 @@ class HttpApi:
         engines: engine addresses, by the indexes outcomes carry.
         auth: who may ask for completions (an ``Authorization: Bearer`` header, as the
             OpenAI clients send their api key); ``/health`` and ``/metrics`` stay open.
+        streams: the slots streamed answers take; default: slots of their own, with the
+            default limits.
     """
 
     def __init__(
@@ -71,8 +93,11 @@ class HttpApi:
         health: Callable[[], Awaitable[dict[str, bool]]],
         engines: list[str],
         auth: Authenticator | None = None,
+        streams: StreamSlots | None = None,
     ) -> None:
         self.auth = auth or Authenticator(None)
+        # Not `streams or ...`: slots with no stream open are falsy (they have a length).
+        self.streams = streams if streams is not None else StreamSlots(StreamLimits(), "conductor")
         self.conductor = conductor
         self.metrics = metrics
         self.slo = slo
@@ -98,7 +123,7 @@ class HttpApi:
 
     async def completions(self, http: web.Request) -> web.StreamResponse:
         try:
-            self.auth.tenant(http.headers.items())
+            client = self._client(http)
         except UnauthenticatedError as exc:
             return _error(401, str(exc), "authentication_error")
         try:
@@ -106,14 +131,36 @@ class HttpApi:
             request = parse_request(body, http.headers, self.slo, self.tokenizer)
         except (ValueError, InvalidArgumentError) as exc:
             return _error(400, str(exc), "invalid_request_error")
+        if not body.get("stream"):
+            return await self._serve(request, lambda ticket: self._whole(ticket, body))
+        try:
+            slot = self.streams.take(client)
+        except TooManyStreamsError as exc:
+            return _too_many_streams(exc, self.streams.limits)
+        stream = EventStream(http, self.streams, slot)
+        try:
+            return await self._serve(request, lambda ticket: self._stream(stream, ticket, body))
+        finally:
+            stream.close()
+
+    def _client(self, http: web.Request) -> str:
+        """Whom a request's stream counts against: its tenant, named as the gRPC service
+        names it (`kvstore.grpc_service`), so that a tenant's streams over both count
+        together; without tokens, its remote address. UnauthenticatedError without a
+        known token."""
+        tenant = self.auth.tenant(http.headers.items())
+        return f"tenant:{tenant}" if self.auth.is_enabled else f"address:{http.remote}"
+
+    async def _serve(
+        self, request: CompletionRequest, answer: Callable[[Ticket], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """`answer` of `request` once admitted (429 if refused); its ticket ends after."""
         try:
             ticket = await self.conductor.admit(request)
         except RejectedError as exc:
             return _rejected(exc)
         try:
-            if body.get("stream"):
-                return await self._stream(http, ticket, body)
-            return await self._whole(ticket, body)
+            return await answer(ticket)
         finally:
             self.conductor.release(ticket)
 
@@ -133,35 +180,55 @@ class HttpApi:
         return web.json_response(msg)
 
     async def _stream(
-        self, http: web.Request, ticket: Ticket, body: Mapping[str, Any]
+        self, stream: EventStream, ticket: Ticket, body: Mapping[str, Any]
     ) -> web.StreamResponse:
+        """The stream of an admitted request; a 503 (400) where the engines fail before its
+        first token."""
         chunks = self.conductor.run(ticket)
-        detok = Detokenizer()
         try:
             first = await anext(chunks)
         except (KVStoreError, StopAsyncIteration) as exc:
             await chunks.aclose()
             return _engine_error(exc if isinstance(exc, KVStoreError) else UnavailableError(""))
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(http)
         try:
+            await self._events(stream, ticket, body, first, chunks)
+        except StreamStalledError:  # its engine calls are cancelled; `close` aborts the rest
+            log.warning("event=stream_stalled front=http request=%d", ticket.request_id)
+        return stream.response
+
+    async def _events(
+        self,
+        stream: EventStream,
+        ticket: Ticket,
+        body: Mapping[str, Any],
+        first: CompletionChunk,
+        chunks: AsyncGenerator[CompletionChunk, None],
+    ) -> None:
+        """Opens the stream and sends every chunk, from `first`, then the summary and
+        ``[DONE]``; an engine's error instead ends the stream. StreamStalledError where the
+        reader stalls."""
+        detok = Detokenizer()
+        try:
+            await stream.open()
             ids = list(first.token_ids)
-            await _send(response, _envelope(ticket, body, detok.feed(ids), None, ids))
+            await _send(stream, _envelope(ticket, body, detok.feed(ids), None, ids))
             async for chunk in chunks:
                 ids = list(chunk.token_ids)
-                await _send(response, _envelope(ticket, body, detok.feed(ids), None, ids))
+                await _send(stream, _envelope(ticket, body, detok.feed(ids), None, ids))
+        except StreamStalledError:
+            raise
         except KVStoreError as exc:
-            await _send(response, {"error": {"message": str(exc), "type": type(exc).__name__}})
-            return response
+            await _send(stream, {"error": {"message": str(exc), "type": type(exc).__name__}})
+            await stream.end()
+            return
         finally:
             await chunks.aclose()  # a client gone mid-stream cancels the engine calls
         last = _envelope(ticket, body, detok.feed([], final=True), ticket.finish_reason, [])
         last["usage"] = _usage(ticket)
         last["kvstore"] |= self._summary(ticket)
-        await _send(response, last)
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-        return response
+        await _send(stream, last)
+        await stream.send(b"data: [DONE]\n\n")
+        await stream.end()
 
     def _summary(self, t: Ticket) -> dict[str, Any]:
         outcome = t.outcome
@@ -262,8 +329,8 @@ def _usage(t: Ticket) -> dict[str, Any]:
     }
 
 
-async def _send(response: web.StreamResponse, msg: Mapping[str, Any]) -> None:
-    await response.write(b"data: " + json.dumps(msg).encode() + b"\n\n")
+async def _send(stream: EventStream, msg: Mapping[str, Any]) -> None:
+    await stream.send(b"data: " + json.dumps(msg).encode() + b"\n\n")
 
 
 def _error(status: int, message: str, kind: str) -> web.Response:
@@ -286,6 +353,19 @@ def _rejected(exc: RejectedError) -> web.Response:
         }
     }
     return web.json_response(body, status=429, headers=headers)
+
+
+def _too_many_streams(exc: TooManyStreamsError, limits: StreamLimits) -> web.Response:
+    body = {
+        "error": {
+            "message": str(exc),
+            "type": "rate_limit_exceeded",
+            "code": "too_many_streams",
+            "max_streams_per_client": limits.max_streams_per_client,
+            "max_streams": limits.max_streams,
+        }
+    }
+    return web.json_response(body, status=429)
 
 
 def _engine_error(exc: KVStoreError) -> web.Response:

@@ -18,6 +18,9 @@ Series (counters carry prometheus_client's ``_total`` suffix):
 - ``kvstore_conductor_speed_factor{phase}``: how many times the profile's time prefill and
   decode work takes on the engines, as measured (`speed.SpeedRatio`); predictions are the
   profile's times scaled by it.
+- ``kvstore_open_streams{service="conductor"}``, ``kvstore_refused_streams_total`` and
+  ``kvstore_stalled_streams_total``: response streams (HTTP and gRPC) open, refused past a
+  bound and ended for a stalled reader (`kvstore.bounds.BoundsCollector`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from kvstore.bounds import BoundsCollector, StreamSlots
 from kvstore.scheduler.front.completion import CompletionOutcome
 from kvstore.scheduler.front.live_view import LiveCluster
 
@@ -95,6 +99,10 @@ class ConductorMetrics:
     def watch(self, cluster: LiveCluster, prefill: Sequence[int], decode: Sequence[int]) -> None:
         """Exports `cluster`'s queues; `prefill`/`decode` map its instances to engines."""
         self.registry.register(_QueueCollector(cluster, self.engines, prefill, decode))
+
+    def watch_streams(self, slots: StreamSlots) -> None:
+        """Exports the open, refused and stalled streams of `slots`."""
+        self.registry.register(BoundsCollector([slots]))
 
     def text(self) -> bytes:
         """The registry in Prometheus text format."""

@@ -23,6 +23,7 @@ from aiohttp import web
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.async_client import AsyncClient
 from kvstore.auth import read_token_file
+from kvstore.bounds import StreamSlots
 from kvstore.errors import InvalidArgumentError, KVStoreError, UnavailableError
 from kvstore.grpc_service import register
 from kvstore.keys import Namespace
@@ -51,7 +52,8 @@ class ConductorServer:
         config: what to front and where to listen.
         profile: the cost profile; default: `config.profile` resolved.
 
-    Attributes (after start): `conductor`, `metrics`, `http_port`, `grpc_port` (-1: none).
+    Attributes: `streams`, the response streams' slots, HTTP and gRPC together; after
+    start: `conductor`, `metrics`, `http_port`, `grpc_port` (-1: none).
     """
 
     def __init__(self, config: ConductorConfig, profile: CostProfile | None = None) -> None:
@@ -63,6 +65,7 @@ class ConductorServer:
         self._grpc: grpc.aio.Server | None = None
         self._store: AsyncClient | None = None
         self._auth = config.authenticator()
+        self.streams = StreamSlots(config.stream_limits, "conductor")
         self.engines: list[Engine] = []
 
     async def start(self) -> ConductorServer:
@@ -78,6 +81,7 @@ class ConductorServer:
         self.metrics = ConductorMetrics(addresses)
         roles = self.conductor.roles
         self.metrics.watch(self.conductor.cluster, roles.prefill, roles.decode)
+        self.metrics.watch_streams(self.streams)
         self.conductor.listeners.append(self.metrics.observe)
         self.conductor.replication_listeners.append(self.metrics.replicated)
         await self._start_http(addresses)
@@ -128,7 +132,9 @@ class ConductorServer:
 
     async def _start_http(self, addresses: list[str]) -> None:
         c = self.config
-        api = HttpApi(self.conductor, self.metrics, c.slo, self.health, addresses, self._auth)
+        api = HttpApi(
+            self.conductor, self.metrics, c.slo, self.health, addresses, self._auth, self.streams
+        )
         # A client that hangs up cancels its handler: its request is aborted on the engines
         # (a stream notices at its next write; a whole answer would otherwise run to its end).
         self._runner = web.AppRunner(api.app(), access_log=None, handler_cancellation=True)
@@ -145,7 +151,7 @@ class ConductorServer:
         c = self.config
         self._grpc = grpc.aio.server()
         servicer = ConductorServicer(self.conductor, c.slo)
-        register(self._grpc, servicer, SERVICE, pb, auth=self._auth)
+        register(self._grpc, servicer, SERVICE, pb, auth=self._auth, streams=self.streams)
         self.grpc_port = c.add_port(self._grpc, f"{c.host}:{c.grpc_port}")
         await self._grpc.start()
 
