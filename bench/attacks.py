@@ -51,7 +51,11 @@ def _stall_readers(
     with Client(address, transport="grpc", timeout_s=60.0, auth_token=token) as client:
         ns_id = client.register_namespace(namespace).namespace_id
         client.put(ns_id, keys, [np.full(block, i, np.uint8) for i in range(blocks)])
-    options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.http2.bdp_probe", 0)]
+    options = [
+        ("grpc.max_receive_message_length", 64 << 20),
+        ("grpc.http2.bdp_probe", 0),
+        ("grpc.use_local_subchannel_pool", 1),  # a connection of its own per channel
+    ]
     stubs = [
         pb_grpc.KVStoreStub(grpc.insecure_channel(address, options=options))
         for _ in range(channels)

@@ -18,7 +18,8 @@ text, scraped once the clients stopped. Exit status 1 when any byte was corrupte
 
 `--attack stalled-readers|silent-sockets` runs a hostile client beside the load
 (`bench.attacks`), started before the clients connect and stopped after them: readers that
-open `--attack-size` gRPC Get streams and never read them (default 300), or that many
+open `--attack-size` gRPC Get streams over one connection and never read them (default
+300), or that many
 sockets kept open to the TCP data plane without a hello (default 256; run it with
 `--transport tcp` so the clients take that plane). The row must still show 0 errors and 0
 corrupted bytes, and the server's RSS says what the attack made it hold.
@@ -138,10 +139,11 @@ def _beside(
         return
     size = extra.get("attack_size") or (300 if kind == "stalled-readers" else 256)
     target = server.address if kind == "stalled-readers" else f"127.0.0.1:{tcp_port}"
-    # The readers' blocks take a quarter of DRAM: leased until their stall deadline, the rest
-    # is the load's.
-    blocks = ["--blocks", "4", "--block-bytes", str(config.dram_bytes // 16)]
-    with attack(kind, target, size, *blocks) as ready:
+    # The readers' blocks take a quarter of DRAM (leased until their stall deadline), over
+    # one connection: the load's clients have no tokens either, so the readers are one client
+    # among them (over many connections they could take every stream slot of the node).
+    flags = ["--blocks", "4", "--block-bytes", str(config.dram_bytes // 16), "--channels", "1"]
+    with attack(kind, target, size, *(flags if kind == "stalled-readers" else [])) as ready:
         Console(stderr=True).print(f"attack beside the load: {kind} ({ready})")
         yield f"{kind}:{size}"
 

@@ -42,6 +42,12 @@ class ServerConfig(StreamSettings, TenancySettings, ListenerSecurity):
     `TenancySettings`, what tenants may see and hold; from `StreamSettings`, how many
     response streams stay open)."""
 
+    # A stalled Get stream holds about 3.5 x chunk_bytes (its message, serialized, and the
+    # transport's copy): about 56 MiB per client and 224 MiB in all with these defaults.
+    max_streams_per_client: int = option(
+        16, "most response streams one client keeps open (TooManyStreamsError past it)"
+    )
+    max_streams: int = option(64, "most response streams open in all (TooManyStreamsError)")
     host: str = option("127.0.0.1", "address to listen on")
     port: int = option(50051, "gRPC port (0 picks a free one)")
     max_message_bytes: int = option(8 << 20, "largest gRPC message accepted or sent", parse_bytes)

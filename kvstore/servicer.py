@@ -138,8 +138,14 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                     # Copied under the store's lock while the lease lives (each copy renews
                     # it); a reader that stalled past it gets LeaseExpiredError, never the
                     # bytes of whatever reused the slot.
-                    data = scope.read_chunk(lease.lease_id, index, offset, self.chunk_bytes)
-                    yield pb.GetResponse(chunk=pb.GetChunk(index=index, offset=offset, data=data))
+                    # Built in place, no name kept on the bytes: a stalled send holds the
+                    # message, its serialized form and the transport's copy, nothing more.
+                    response = pb.GetResponse()
+                    response.chunk.index, response.chunk.offset = index, offset
+                    response.chunk.data = scope.read_chunk(
+                        lease.lease_id, index, offset, self.chunk_bytes
+                    )
+                    yield response
         except KVStoreError as exc:
             await grpc_service.abort(context, exc)
         finally:
