@@ -175,6 +175,12 @@ def make_dataplanes(
     return planes
 
 
+def _watch_sockets(bounds: BoundsCollector, dataplanes: Mapping[str, DataPlaneServer]) -> None:
+    """Adds the unproven sockets of every plane that accepts sockets to `bounds`."""
+    pools = (plane.unproven for plane in dataplanes.values())
+    bounds.sockets.extend(pool for pool in pools if pool is not None)  # an empty pool is falsy
+
+
 async def _expire_forever(store: Store, interval_s: float) -> None:
     while True:
         await asyncio.sleep(interval_s)
@@ -249,7 +255,7 @@ async def serve(store_config: StoreConfig, config: ServerConfig) -> None:
     metrics = start_metrics(store, config, bounds)
     call_metrics = metrics[0] if metrics else None
     dataplanes = make_dataplanes(store, config, call_metrics, tenants)
-    bounds.sockets.extend(p.unproven for p in dataplanes.values() if p.unproven is not None)
+    _watch_sockets(bounds, dataplanes)
     started = await start_server(store, config, dataplanes, call_metrics, tenants, streams)
     server, health_servicer, port = started
     log.info(
@@ -321,7 +327,7 @@ class EmbeddedServer:
         self._metrics = start_metrics(self.store, self.config, bounds)
         call_metrics = self._metrics[0] if self._metrics else None
         self.dataplanes = make_dataplanes(self.store, self.config, call_metrics, self.tenants)
-        bounds.sockets.extend(p.unproven for p in self.dataplanes.values() if p.unproven)
+        _watch_sockets(bounds, self.dataplanes)
         started = asyncio.run_coroutine_threadsafe(
             start_server(
                 self.store,

@@ -19,6 +19,7 @@ from kvstore import errors
 from kvstore.client import Client
 from kvstore.keys import KVLayout, Namespace, block_keys
 from kvstore.metrics import StoreCollector
+from kvstore.server import EmbeddedServer, ServerConfig
 from kvstore.store import Store, StoreConfig
 from tests.conftest import free_port, require_extra, wait_until
 
@@ -195,3 +196,15 @@ def test_the_data_plane_counts_its_calls_bytes_and_refusals(store_factory):
     rejected = "kvstore_rejected_requests_total"
     assert _value(m, rejected, plane="ucx", method="get", error="UnknownNamespaceError") == 1
     assert _value(m, "kvstore_sent_bytes_total", plane="grpc", method="Get") == 0  # none via gRPC
+
+
+def test_an_embedded_node_exports_its_bounds_from_the_start():
+    """Stream slots and every socket-accepting plane's unproven sockets are on /metrics
+    before anything is open (an empty pool is still a pool)."""
+    config = ServerConfig(port=0, dataplane="tcp", metrics_port=free_port())
+    with EmbeddedServer(StoreConfig(dram_bytes=16 << 20, slab_bytes=1 << 20), config) as node:
+        samples = _scrape(node.metrics_port)
+    names = {name for name, _ in samples}
+    assert ("kvstore_unproven_sockets", frozenset({("plane", "tcp")})) in samples
+    assert ("kvstore_open_streams", frozenset({("service", "kvstore")})) in samples
+    assert {"kvstore_shed_sockets_total", "kvstore_refused_streams_total"} <= names
