@@ -1,8 +1,8 @@
 """Property-based checks of the two bounds every plane and streaming RPC inherits
 (`kvstore.bounds`), driven by random sequences of what hostile and honest clients do, over
 real sockets: unproven sockets stay within their bounds, a socket that spoke is never shed
-for a newcomer, and a newcomer is refused only where none in its way is silent; stream slots
-never exceed theirs and refuse exactly at them."""
+for a newcomer, a newcomer is refused only where none in its way is silent, and a shed
+socket proves nothing; stream slots never exceed theirs and refuse exactly at them."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ PEERS = ("10.0.0.1", "10.0.0.2", None)  # None: a Unix socket (no per-peer bound
 ACTIONS = st.lists(
     st.one_of(
         st.tuples(st.just("connect"), st.sampled_from(PEERS)),
-        st.tuples(st.sampled_from(["speak", "read", "hear", "close"]), st.integers(0, 63)),
+        st.tuples(st.sampled_from(["speak", "read", "prove", "close"]), st.integers(0, 63)),
     ),
     max_size=60,
 )
@@ -51,7 +51,6 @@ class _Pair:
 def test_unproven_sockets_shed_only_silent_ones_and_keep_their_bounds(actions):
     pool = UnprovenSockets("test", max_sockets=6, max_per_peer=3)
     pairs: list[_Pair] = []
-    heard: set[int] = set()
     try:
         for verb, arg in actions:
             live = [i for i, p in enumerate(pairs) if p.node in pool]
@@ -62,13 +61,14 @@ def test_unproven_sockets_shed_only_silent_ones_and_keep_their_bounds(actions):
                 pairs.append(pair)
                 gone = [i for i, node in before.items() if node not in pool]
                 for i in gone:  # shed: silent, and its client sees the node close
-                    assert not pairs[i].spoke and i not in heard
+                    assert not pairs[i].spoke
                     assert pairs[i].shed()
+                    assert not pool.prove(pairs[i].node)  # its hello would claim nothing
                 assert len(gone) <= 1
-                if not admitted:  # every socket in its way spoke or was heard
+                if not admitted:  # every socket in its way has bytes waiting
                     same = [i for i in live if pairs[i].peer == arg] if arg else []
                     crowd = same if len(same) >= 3 else live
-                    assert all(pairs[i].spoke or i in heard for i in crowd)
+                    assert all(pairs[i].spoke for i in crowd)
             elif live:
                 i = live[arg % len(live)]
                 if verb == "speak":
@@ -77,9 +77,9 @@ def test_unproven_sockets_shed_only_silent_ones_and_keep_their_bounds(actions):
                 elif verb == "read" and pairs[i].spoke:
                     pairs[i].node.recv(64)
                     pairs[i].spoke = False
-                elif verb == "hear":
-                    assert pool.heard(pairs[i].node)
-                    heard.add(i)
+                elif verb == "prove":
+                    assert pool.prove(pairs[i].node)
+                    assert pairs[i].node not in pool
                 elif verb == "close":
                     pool.discard(pairs[i].node)
             members = [p for p in pairs if p.node in pool]

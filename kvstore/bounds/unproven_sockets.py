@@ -5,10 +5,12 @@ authenticated gRPC handshake), not here.
 
 Past a bound a newcomer is not refused: the oldest *silent* socket of the same address (or,
 past the bound in all, of any) is shed to make room, so a flood of sockets that never speak
-cannot keep a client that does speak out. Silent means nothing of it is waiting to be read
-and no whole hello of it is being checked; a client's hello follows its connect at once, so
-only a socket that sent nothing, or part of a hello, is shed. Where every socket in the way
-is mid-hello, the newcomer is refused (closed). Safe to use from any thread.
+cannot keep a client that does speak out. Silent means nothing of it is waiting to be read;
+a client's hello follows its connect at once, so only a socket that sent nothing, or part of
+a hello its thread already read, is shed (one shed in the instant between its hello being
+read and checked claims nothing: its client says hello again on a new socket). Where every
+socket in the way has bytes waiting, the newcomer is refused (closed). Safe to use from any
+thread.
 """
 
 from __future__ import annotations
@@ -37,7 +39,6 @@ class UnprovenSockets:
         self.num_shed = 0  # silent sockets closed to make room, since start
         self._lock = threading.Lock()
         self._peers: dict[socket.socket, str | None] = {}  # oldest first
-        self._heard: set[socket.socket] = set()  # a whole hello received, being checked
 
     def __len__(self) -> int:
         with self._lock:
@@ -56,7 +57,7 @@ class UnprovenSockets:
             if crowd and victim is None:
                 return False
             if victim is not None:
-                self._forget(victim)
+                del self._peers[victim]
                 self.num_shed += 1
             self._peers[sock] = peer
         if victim is not None:
@@ -65,23 +66,19 @@ class UnprovenSockets:
             log.info("event=%s_shed_socket peer=%s", self.plane, peer)
         return True
 
-    def heard(self, sock: socket.socket) -> bool:
-        """Marks `sock`'s whole hello received; False if it was shed meanwhile (the hello
-        must then not be honoured: the socket is closing)."""
+    def prove(self, sock: socket.socket) -> bool:
+        """Takes `sock` out: its hello arrived and is checked now. False if it was shed
+        meanwhile (the hello must not be honoured: the socket is closing)."""
         with self._lock:
             if sock not in self._peers:
                 return False
-            self._heard.add(sock)
+            del self._peers[sock]
             return True
 
     def discard(self, sock: socket.socket) -> None:
-        """Forgets `sock`: its hello claimed an admission, or it is closing. Idempotent."""
+        """Forgets `sock` (it is closing); idempotent."""
         with self._lock:
-            self._forget(sock)
-
-    def _forget(self, sock: socket.socket) -> None:
-        self._peers.pop(sock, None)
-        self._heard.discard(sock)
+            self._peers.pop(sock, None)
 
     def _crowd(self, peer: str | None) -> list[socket.socket]:
         """The sockets a newcomer from `peer` would be one too many among (none: room)."""
@@ -92,11 +89,8 @@ class UnprovenSockets:
         return list(self._peers) if len(self._peers) >= self.max_sockets else []
 
     def _silent(self, candidates: list[socket.socket]) -> socket.socket | None:
-        """The oldest of `candidates` with nothing waiting to be read and no hello heard."""
-        for sock in candidates:
-            if sock not in self._heard and not _has_bytes(sock):
-                return sock
-        return None
+        """The oldest of `candidates` with nothing waiting to be read."""
+        return next((sock for sock in candidates if not _has_bytes(sock)), None)
 
 
 def _has_bytes(sock: socket.socket) -> bool:

@@ -189,10 +189,9 @@ class SocketServer(DataPlaneServer):
         """The admission `client_id` bound to `sock` if `secret` is its secret and no other
         socket claimed it; PermissionDeniedError otherwise. Either way `sock` leaves the
         unproven sockets; a socket shed while its hello arrived claims nothing."""
-        if not self._unproven.heard(sock):
-            raise ConnectionAbortedError("shed before its hello was read")
+        if not self._unproven.prove(sock):
+            raise ConnectionAbortedError("shed before its hello was checked")
         conn = self._connections.get(client_id)
-        self._unproven.discard(sock)
         with self._lock:
             claimed = client_id in self._bound
             if conn is None or claimed or not hmac.compare_digest(secret, conn.tags.secret):
