@@ -311,3 +311,19 @@ def test_a_boolean_flag_alone_means_true_and_takes_a_value_too() -> None:
     assert cfg.build(StoreConfig, parser.parse_args(["--ssd-sync"])).ssd_sync is True
     assert cfg.build(StoreConfig, parser.parse_args(["--ssd-sync", "false"])).ssd_sync is False
     assert cfg.build(StoreConfig, parser.parse_args([])).ssd_sync is False
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"max_streams_per_client": 0},
+        {"max_streams_per_client": 65, "max_streams": 64},
+        {"stream_stall_timeout_s": 0.0},
+        {"max_unproven_sockets_per_peer": 0},
+        {"max_unproven_sockets_per_peer": 300, "max_unproven_sockets": 256},
+        {"max_calls_per_connection": 0},
+    ],
+)
+def test_the_bounds_of_hostile_clients_are_checked(bad: dict[str, Any]) -> None:
+    with pytest.raises(InvalidArgumentError):
+        ServerConfig(**bad)

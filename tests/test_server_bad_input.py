@@ -8,6 +8,7 @@ import re
 import grpc
 import numpy as np
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvstore import errors
 from kvstore._proto import kvstore_pb2 as pb
@@ -213,6 +214,18 @@ def test_malformed_request_is_invalid_argument_with_one_log_line(store, unchange
     new_lines = store.log().splitlines()[num_lines:]
     assert len(new_lines) == 1, new_lines
     assert f"event=malformed_request method={method.name}" in new_lines[0]
+
+
+def test_a_malformed_health_watch_is_invalid_argument_and_health_still_answers(store):
+    """The health service's stream is served through the same checks and stream slots."""
+    with grpc.insecure_channel(store.address) as channel:
+        path = "/grpc.health.v1.Health/Watch"
+        with pytest.raises(grpc.RpcError) as info:
+            list(channel.unary_stream(path)(MALFORMED, timeout=10))
+        assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest())
+        assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+        watch.cancel()
 
 
 def test_a_malformed_chunk_ends_a_write_stream_and_undoes_its_half_block(store, client):
