@@ -75,6 +75,11 @@ def test_in_process_server_streams_concurrent_requests_and_rejects_bad_input():
             client.generate([100_000])  # outside the vocabulary
         with pytest.raises(InvalidArgumentError):
             client.generate([])
+        with grpc.insecure_channel(server.address) as channel:  # bytes no message parses
+            path = "/kvstore.v1.EngineService/Generate"
+            with pytest.raises(grpc.RpcError) as malformed:
+                list(channel.unary_stream(path)(b"\x0a\x05ab", timeout=10))
+        assert malformed.value.code() is grpc.StatusCode.INVALID_ARGUMENT
         prompts = [_prompt(seed, 20 + seed) for seed in range(4)]
         ref = Engine(config).generate(prompts, GREEDY)
         with ThreadPoolExecutor(4) as pool:
