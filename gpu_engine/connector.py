@@ -40,7 +40,7 @@ from kvstore.client import TRANSPORT_CHOICES, Client
 from kvstore.config import option
 from kvstore.errors import InvalidArgumentError, KVStoreError
 from kvstore.integrations.loaded_prefix import loaded_prefix_len
-from kvstore.integrations.vllm_blocks import PagedBlocks  # host staging as uint8 numpy
+from kvstore.integrations.vllm.blocks import PagedBlocks  # host staging as uint8 numpy
 from kvstore.keys import Namespace
 
 logger = logging.getLogger(__name__)

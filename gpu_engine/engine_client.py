@@ -15,7 +15,7 @@ from gpu_engine.sampling import SamplingParams
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.auth import open_channel
-from kvstore.client_common import raise_rpc_error
+from kvstore.client.common import raise_rpc_error
 from kvstore.errors import UnavailableError
 
 

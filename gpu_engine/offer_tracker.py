@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from kvstore.publishing.publisher import PutChain
+from kvstore.client.publishing.publisher import PutChain
 
 
 class OfferTracker:

@@ -1,10 +1,10 @@
-"""The engine's block publisher: `kvstore.publishing`'s, shared with the vLLM connector.
+"""The engine's block publisher: `kvstore.client.publishing`'s, shared with the vLLM connector.
 
 Bounded staging, drop counting and cut-chain tracking live there; this module keeps the
 engine's imports as they were.
 """
 
-from kvstore.publishing.publisher import (
+from kvstore.client.publishing.publisher import (
     MAX_CUT_CHAINS,
     BlockPublisher,
     PublishStats,

@@ -87,7 +87,7 @@ class EngineServiceConfig(StreamSettings, ListenerSecurity):
 
 
 # The one mapping of engine errors to the wire: each travels as the store error of its
-# status code, so `kvstore.client_common.raise_rpc_error` raises that class in the client.
+# status code, so `kvstore.client.common.raise_rpc_error` raises that class in the client.
 _WIRE_ERRORS: MappingProxyType[type[EngineError], type[errors.KVStoreError]] = MappingProxyType(
     {
         InvalidRequestError: errors.InvalidArgumentError,

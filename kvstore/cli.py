@@ -18,8 +18,8 @@ from kvstore.auth import read_token_file
 from kvstore.client import Client
 from kvstore.demo import DemoConfig, run_demo
 from kvstore.errors import KVStoreError
-from kvstore.server import EmbeddedServer, ServerConfig, serve
-from kvstore.store_config import StoreConfig
+from kvstore.node.server import EmbeddedServer, ServerConfig, serve
+from kvstore.store.config import StoreConfig
 
 LOG_FORMAT = "ts=%(asctime)s level=%(levelname)s logger=%(name)s %(message)s"
 
@@ -54,8 +54,8 @@ def _cmd_engine(args: argparse.Namespace) -> int:
 
 
 def _cmd_conductor(args: argparse.Namespace) -> int:
-    from kvstore.scheduler.front.config import ConductorConfig
-    from kvstore.scheduler.front.server import serve_conductor
+    from kvstore.conductor.front.config import ConductorConfig
+    from kvstore.conductor.front.server import serve_conductor
 
     serve_conductor(cfg.build(ConductorConfig, args, os.environ, cfg.load_file(args.config)))
     return 0
@@ -140,7 +140,7 @@ def _add_engine(sub: argparse._SubParsersAction, with_flags: bool) -> None:
 
 
 def _add_conductor(sub: argparse._SubParsersAction) -> None:
-    from kvstore.scheduler.front.config import ConductorConfig
+    from kvstore.conductor.front.config import ConductorConfig
 
     help = "front engine processes with an OpenAI-compatible API and SLO admission"
     p = sub.add_parser("conductor", help=help)

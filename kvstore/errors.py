@@ -52,7 +52,7 @@ class ChecksumMismatchError(InvalidArgumentError):
 
 
 class BadParentError(InvalidArgumentError):
-    """A chain link that is not allowed (`kvstore.chains`); nothing was reserved."""
+    """A chain link that is not allowed (`kvstore.store.chains`); nothing was reserved."""
 
 
 class UnknownParentError(BadParentError):

@@ -41,7 +41,7 @@ from kvstore.errors import (
 )
 from kvstore.metrics import CallMetrics
 
-log = logging.getLogger("kvstore.server")
+log = logging.getLogger("kvstore.node.server")
 SERVICE = pb.DESCRIPTOR.services_by_name["KVStore"]
 
 

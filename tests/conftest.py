@@ -24,7 +24,7 @@ import pytest
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.client import Client
-from kvstore.client_common import GetAssembler
+from kvstore.client.common import GetAssembler
 
 T = TypeVar("T")
 # The pip extra that brings each optional module (pyproject.toml).

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from bench.calibrate_fit import fit_nonnegative
-from kvstore.scheduler.cost_model import CostModel
-from kvstore.scheduler.profile import CostProfile
+from kvstore.bench.calibrate_fit import fit_nonnegative
+from kvstore.conductor.cost_model import CostModel
+from kvstore.conductor.profile import CostProfile
 
 
 def test_an_exact_linear_form_is_recovered():
@@ -37,7 +37,7 @@ def test_too_few_points_is_an_error():
 
 def test_a_quick_calibration_writes_a_profile_the_cost_model_reads(tmp_path):
     out, rows = tmp_path / "profile.json", tmp_path / "rows.json"
-    cmd = [sys.executable, "-m", "bench", "calibrate", "--quick", "--model", "tiny"]
+    cmd = [sys.executable, "-m", "kvstore.bench", "calibrate", "--quick", "--model", "tiny"]
     cmd += ["--out", str(out), "--json", str(rows)]
     subprocess.run(cmd, check=True, capture_output=True, timeout=300)
     profile = CostProfile.load(out)

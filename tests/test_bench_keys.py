@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.__main__ import build_parser, main
-from bench.suites import SUITES
+from kvstore.bench.__main__ import build_parser, main
+from kvstore.bench.suites import SUITES
 from tests.conftest import require_extra
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -55,7 +55,7 @@ def test_keys_quick_in_process(tmp_path: Path, capsys: pytest.CaptureFixture[str
 def test_keys_quick_as_module(tmp_path: Path) -> None:
     out = tmp_path / "keys.json"
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    cmd = [sys.executable, "-m", "bench", "keys", "--quick", "--json", str(out)]
+    cmd = [sys.executable, "-m", "kvstore.bench", "keys", "--quick", "--json", str(out)]
     subprocess.run(cmd, cwd=tmp_path, env=env, check=True, capture_output=True)
     _check_rows(json.loads(out.read_text()))
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench import load
-from bench.__main__ import build_parser, main
-from bench.load_worker import LoadConfig, Worker, block_payload, prompt_keys
-from bench.suites import SUITES
+from kvstore.bench import load
+from kvstore.bench.__main__ import build_parser, main
+from kvstore.bench.load_worker import LoadConfig, Worker, block_payload, prompt_keys
+from kvstore.bench.suites import SUITES
 
 JSON_KEYS = {
     "clients", "seconds", "ops_per_s", "p50_ms", "p99_ms", "p999_ms", "errors", "corrupted",
@@ -101,7 +101,7 @@ def test_quarter_medians_tell_a_leak_from_a_level_that_wanders() -> None:
 
 
 def test_suite_is_registered_with_its_flags() -> None:
-    assert SUITES["load"].module == "bench.load"
+    assert SUITES["load"].module == "kvstore.bench.load"
     args = build_parser("load").parse_args(["load", "--clients", "32", "--seconds", "60"])
     assert (args.clients, args.seconds, args.quick) == (32, 60.0, False)
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from bench import prefix
-from bench.__main__ import build_parser
-from bench.prefix_workloads import WORKLOADS, WorkloadRun
-from bench.suites import SUITES
 from gpu_engine.engine import Usage
 from gpu_engine.engine_client import GenerateResult
+from kvstore.bench import prefix
+from kvstore.bench.__main__ import build_parser
+from kvstore.bench.prefix_workloads import WORKLOADS, WorkloadRun
+from kvstore.bench.suites import SUITES
 
 JSON_KEYS = {
     "workload", "mode", "ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms", "cached_tokens",
@@ -29,7 +29,7 @@ def _result(
 
 
 def test_suite_is_registered_with_its_workload_flag():
-    assert SUITES["prefix"].module == "bench.prefix"
+    assert SUITES["prefix"].module == "kvstore.bench.prefix"
     args = build_parser("prefix").parse_args(["prefix", "--workload", "long-doc-qa", "--quick"])
     assert args.workload == "long-doc-qa" and args.quick
     with pytest.raises(SystemExit):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from bench.__main__ import main
+from kvstore.bench.__main__ import main
 
 
 def test_recovery_bench_recovers_every_block(tmp_path):

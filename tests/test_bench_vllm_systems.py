@@ -7,10 +7,10 @@ import dataclasses
 
 import pytest
 
-import bench.vllm
-from bench.suites import SuiteOptions
-from bench.vllm_engine import kv_transfer_config
-from bench.vllm_systems import SYSTEMS, System
+import kvstore.bench.vllm
+from kvstore.bench.suites import SuiteOptions
+from kvstore.bench.vllm_engine import kv_transfer_config
+from kvstore.bench.vllm_systems import SYSTEMS, System
 
 
 def test_a_missing_venv_names_the_make_target_that_builds_it():
@@ -24,14 +24,14 @@ def test_a_missing_venv_names_the_make_target_that_builds_it():
 
 def test_without_the_vllm_venv_the_suite_exits_with_the_command_to_run(monkeypatch):
     unbuilt = tuple(dataclasses.replace(s, venv=".venv-never-built") for s in SYSTEMS)
-    monkeypatch.setattr(bench.vllm, "SYSTEMS", unbuilt)
+    monkeypatch.setattr(kvstore.bench.vllm, "SYSTEMS", unbuilt)
     with pytest.raises(SystemExit, match=r"run `make \.venv-never-built/bin/\.installed`"):
-        bench.vllm.run(SuiteOptions(quick=True))
+        kvstore.bench.vllm.run(SuiteOptions(quick=True))
 
 
 def test_the_staged_kvstore_runs_only_when_asked_and_loads_before_the_forward_pass():
     parser = argparse.ArgumentParser()
-    bench.vllm.add_arguments(parser)
+    kvstore.bench.vllm.add_arguments(parser)
     default = parser.parse_args([]).systems.split(",")
     assert "kvstore" in default and "kvstore-staged" not in default
     staged = next(s for s in SYSTEMS if s.name == "kvstore-staged")

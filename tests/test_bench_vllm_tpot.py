@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from bench import vllm_tpot
-from bench.vllm_engine import kv_transfer_config
+from kvstore.bench import vllm_tpot
+from kvstore.bench.vllm_engine import kv_transfer_config
 
 
 def test_rounds_reverse_the_order_so_no_variant_always_runs_first():
@@ -24,8 +24,8 @@ def test_the_variants_are_no_connector_a_null_connector_and_kvstores():
         spec = {"connector": connector, "store": "127.0.0.1:1", "connector_extra": extra}
         configs[name] = kv_transfer_config(spec)
     assert configs["recompute"] is None
-    assert configs["null"]["kv_connector_module_path"] == "bench.null_connector"
-    assert configs["kvstore"]["kv_connector_module_path"] == "kvstore.integrations.vllm"
+    assert configs["null"]["kv_connector_module_path"] == "kvstore.bench.null_connector"
+    assert configs["kvstore"]["kv_connector_module_path"] == "kvstore.integrations.vllm.connector"
     assert "kvstore.save" not in configs["kvstore"]["kv_connector_extra_config"]  # publishing
 
 

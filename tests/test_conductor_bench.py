@@ -3,8 +3,8 @@ prefixes stay shared token prefixes, lengths scale, and each run draws its own t
 
 from __future__ import annotations
 
-from bench.scheduler_live import MAX_OUTPUT_TOKENS, OUTPUT_SCALE, scale_trace
-from kvstore.scheduler.sim.simulator import TraceRequest
+from kvstore.bench.scheduler_live import MAX_OUTPUT_TOKENS, OUTPUT_SCALE, scale_trace
+from kvstore.conductor.sim.simulator import TraceRequest
 
 TRACE = [
     TraceRequest(1000, 1024, 80, (1, 2)),

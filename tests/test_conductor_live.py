@@ -34,7 +34,7 @@ from gpu_engine.engine_client import EngineClient
 from gpu_engine.sampling import SamplingParams
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
-from kvstore.scheduler.front.tokenizer import ByteTokenizer
+from kvstore.conductor.front.tokenizer import ByteTokenizer
 from tests.conftest import free_port, start_store, wait_until
 from tests.test_conductor_view import BLOCK, PROFILE
 

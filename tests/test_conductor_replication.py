@@ -13,15 +13,15 @@ import torch
 
 from gpu_engine.engine_client import EngineClient
 from gpu_engine.sampling import SamplingParams
-from kvstore.scheduler.base import PolicyContext, Replication, SchedulingPolicy
-from kvstore.scheduler.decision import Accept, Decision
-from kvstore.scheduler.front.completion import CompletionRequest
-from kvstore.scheduler.front.conductor import Conductor
-from kvstore.scheduler.front.config import ConductorConfig
-from kvstore.scheduler.front.server import ConductorServer
-from kvstore.scheduler.request import SchedRequest
-from kvstore.scheduler.slo import SLO
-from kvstore.scheduler.view import ClusterView
+from kvstore.conductor.base import PolicyContext, Replication, SchedulingPolicy
+from kvstore.conductor.decision import Accept, Decision
+from kvstore.conductor.front.completion import CompletionRequest
+from kvstore.conductor.front.conductor import Conductor
+from kvstore.conductor.front.config import ConductorConfig
+from kvstore.conductor.front.server import ConductorServer
+from kvstore.conductor.request import SchedRequest
+from kvstore.conductor.slo import SLO
+from kvstore.conductor.view import ClusterView
 from tests.conftest import wait_until
 
 BLOCK = 8

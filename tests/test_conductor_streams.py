@@ -30,8 +30,8 @@ import pytest
 
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.conductor.front.config import ConductorConfig
 from kvstore.errors import InvalidArgumentError
-from kvstore.scheduler.front.config import ConductorConfig
 from tests.conftest import free_port, wait_until
 
 ATTACKER, GOOD = "token-of-a-stalling-reader-01", "token-of-a-good-reader-00001"

@@ -7,28 +7,28 @@ from __future__ import annotations
 import pytest
 
 from gpu_engine.config import EngineConfig
-from kvstore.errors import InvalidArgumentError
-from kvstore.keys import block_keys
-from kvstore.scheduler import SLO, Accept, PolicyContext, Reject, RejectReason
-from kvstore.scheduler.cost_model import CostModel
-from kvstore.scheduler.front.completion import CompletionOutcome
-from kvstore.scheduler.front.conductor import Roles
-from kvstore.scheduler.front.config import ConductorConfig
-from kvstore.scheduler.front.http_api import parse_request
-from kvstore.scheduler.front.live_view import (
+from kvstore.conductor import SLO, Accept, PolicyContext, Reject, RejectReason
+from kvstore.conductor.cost_model import CostModel
+from kvstore.conductor.front.completion import CompletionOutcome
+from kvstore.conductor.front.conductor import Roles
+from kvstore.conductor.front.config import ConductorConfig
+from kvstore.conductor.front.http_api import parse_request
+from kvstore.conductor.front.live_view import (
     LiveCluster,
     LiveDecode,
     LivePrefill,
     block_id,
     prompt_blocks,
 )
-from kvstore.scheduler.front.metrics import ConductorMetrics
-from kvstore.scheduler.front.speed import SpeedRatio
-from kvstore.scheduler.front.tokenizer import REPLACEMENT, ByteTokenizer, Detokenizer
-from kvstore.scheduler.profile import CostProfile
-from kvstore.scheduler.registry import make_scheduling_policy
-from kvstore.scheduler.request import SchedRequest
-from kvstore.scheduler.view import RunningSeq
+from kvstore.conductor.front.metrics import ConductorMetrics
+from kvstore.conductor.front.speed import SpeedRatio
+from kvstore.conductor.front.tokenizer import REPLACEMENT, ByteTokenizer, Detokenizer
+from kvstore.conductor.profile import CostProfile
+from kvstore.conductor.registry import make_scheduling_policy
+from kvstore.conductor.request import SchedRequest
+from kvstore.conductor.view import RunningSeq
+from kvstore.errors import InvalidArgumentError
+from kvstore.keys import block_keys
 
 BLOCK = 16
 # Step time 10 ms + 10 ms per sequence: one decoding sequence fits a 25 ms TBT SLO, two do not.

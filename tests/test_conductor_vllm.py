@@ -26,8 +26,8 @@ if not os.environ.get("KVSTORE_REQUIRE_VLLM"):
     pytest.importorskip("vllm")
 openai = pytest.importorskip("openai")
 
-from bench.vllm_engine import ENV  # noqa: E402 - after the skip
-from bench.vllm_model import build_model  # noqa: E402
+from kvstore.bench.vllm_engine import ENV  # noqa: E402 - after the skip
+from kvstore.bench.vllm_model import build_model  # noqa: E402
 from tests.conftest import free_port, start_store, wait_until  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
@@ -55,7 +55,8 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str
     model = build_model(tmp / "model")
     store = start_store(tmp, "--dram-bytes", "256MiB")
     kv = {
-        "kv_connector": "KVStoreConnector", "kv_connector_module_path": "kvstore.integrations.vllm",
+        "kv_connector": "KVStoreConnector",
+        "kv_connector_module_path": "kvstore.integrations.vllm.connector",
         "kv_role": "kv_both", "kv_connector_extra_config": {"kvstore.address": store.address},
     }  # fmt: skip
     port, procs = free_port(), []

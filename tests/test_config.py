@@ -12,7 +12,7 @@ import pytest
 
 from kvstore import config as cfg
 from kvstore.errors import InvalidArgumentError
-from kvstore.server import ServerConfig
+from kvstore.node.server import ServerConfig
 from kvstore.store import StoreConfig
 
 CONFIG_CLASSES = [StoreConfig, ServerConfig]

@@ -12,9 +12,10 @@ import pytest
 from kvstore import errors
 from kvstore.checksum import checksum
 from kvstore.client import Client
-from kvstore.dataplane import ChecksumMismatchError, ucx_client
+from kvstore.dataplane import ChecksumMismatchError
 from kvstore.dataplane.buffers import TransferBuffer
 from kvstore.dataplane.frames import Op, Request
+from kvstore.dataplane.ucx import client as ucx_client
 from kvstore.keys import KVLayout, Namespace, block_keys
 from tests.conftest import require_extra, wait_no_leases
 
@@ -257,8 +258,8 @@ def test_eager_puts_store_only_new_blocks_and_keep_present_ones(ucx):
 def test_eager_put_refused_by_a_full_node_is_drained_and_the_connection_lives():
     """A refused eager put already sent its blocks: the node drains them, the client gets
     the typed error (not a timeout) and keeps its connection."""
-    from kvstore.server import EmbeddedServer, ServerConfig
-    from kvstore.store_config import StoreConfig
+    from kvstore.node.server import EmbeddedServer, ServerConfig
+    from kvstore.store.config import StoreConfig
 
     big = Namespace("llama-dp-big", KVLayout("float16", 4, 8, 128, 16))  # 256 KiB blocks
     store_config = StoreConfig(dram_bytes=8 << 20, slab_bytes=1 << 20)  # 32 blocks

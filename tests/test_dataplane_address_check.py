@@ -13,8 +13,8 @@ from tests.conftest import require_extra
 
 require_extra("ucxx")
 
-from kvstore.dataplane.address_check import AddressChecker  # noqa: E402
-from kvstore.dataplane.runtime import UcxRuntime  # noqa: E402
+from kvstore.dataplane.ucx.address_check import AddressChecker  # noqa: E402
+from kvstore.dataplane.ucx.runtime import UcxRuntime  # noqa: E402
 
 
 @pytest.fixture
@@ -41,7 +41,7 @@ def test_refuses_garbage_then_accepts_a_real_address(worker_address):
 def test_the_checker_exits_when_its_node_goes_away():
     """A node killed without closing its checker closes the checker's stdin: it must exit, not
     live on as an orphan (UCX's progress thread would keep it alive)."""
-    cmd = [sys.executable, "-m", "kvstore.dataplane.address_check"]
+    cmd = [sys.executable, "-m", "kvstore.dataplane.ucx.address_check"]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         assert proc.stdin is not None

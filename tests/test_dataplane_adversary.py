@@ -24,10 +24,10 @@ from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.client import Client
 from kvstore.dataplane import frames
 from kvstore.dataplane.frames import Kind, Op, Request, RequestTags, Tags
-from kvstore.dataplane.runtime import UcxRuntime
+from kvstore.dataplane.ucx.runtime import UcxRuntime
 from kvstore.keys import KVLayout, Namespace, block_keys
-from kvstore.server import EmbeddedServer, ServerConfig
-from kvstore.store_config import StoreConfig
+from kvstore.node.server import EmbeddedServer, ServerConfig
+from kvstore.store.config import StoreConfig
 from tests.conftest import require_extra, wait_until
 
 require_extra("ucxx")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench import dataplane
-from bench import dataplane_peers as peers
+from kvstore.bench import dataplane
+from kvstore.bench import dataplane_peers as peers
 
 MIB = 1 << 20
 
@@ -58,7 +58,7 @@ def test_a_missing_mooncake_piece_is_named_with_what_to_install(monkeypatch):
     import ctypes.util
     import importlib.util
 
-    from bench import dataplane
+    from kvstore.bench import dataplane
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     assert dataplane.mooncake_missing() == (

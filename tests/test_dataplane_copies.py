@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kvstore.checksum import checksum
-from kvstore.dataplane import regions
+from kvstore.dataplane.shm import regions
 
 PIECE = 4096  # small pieces, so blocks of a few pieces stay small
 

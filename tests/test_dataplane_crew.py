@@ -1,4 +1,4 @@
-"""A batch's jobs on the caller's thread and idle helpers (`kvstore.dataplane.crew`): every
+"""A batch's jobs on the caller's thread and idle helpers (`kvstore.dataplane.shm.crew`): every
 job once, results in order, no wait for a busy helper, and nothing still running once a
 batch returns or raises (a put's reservation ends right after)."""
 
@@ -9,8 +9,8 @@ import threading
 import numpy as np
 import pytest
 
-from kvstore.dataplane.crew import MIN_SHARED_BYTES, Crew
-from kvstore.dataplane.regions import copy_summed
+from kvstore.dataplane.shm.crew import MIN_SHARED_BYTES, Crew
+from kvstore.dataplane.shm.regions import copy_summed
 
 
 class _Jobs:

@@ -1,12 +1,12 @@
 """Which tags a node still expects a message under: each connection's request tag, and the
-blocks of the requests it has not read yet or is handling (kvstore.dataplane.expected)."""
+blocks of the requests it has not read yet or is handling (kvstore.dataplane.ucx.expected_tags)."""
 
 from __future__ import annotations
 
 import os
 
-from kvstore.dataplane.expected import WINDOW, ExpectedTags
 from kvstore.dataplane.frames import MAX_REQUEST_ID, Kind, RequestTags, Tags
+from kvstore.dataplane.ucx.expected_tags import WINDOW, ExpectedTags
 
 
 def _connection(expected: ExpectedTags, client_id: int) -> tuple[Tags, set[int]]:

@@ -13,13 +13,13 @@ import pytest
 
 from kvstore import errors
 from kvstore.client import Client
-from kvstore.dataplane import in_place
 from kvstore.dataplane.buffers import address_of
-from kvstore.dataplane.in_place import PAGE, Window
-from kvstore.dataplane.regions import Region
+from kvstore.dataplane.shm import in_place
+from kvstore.dataplane.shm.in_place import PAGE, Window
+from kvstore.dataplane.shm.regions import Region
 from kvstore.keys import KVLayout, Namespace, block_keys
-from kvstore.server import EmbeddedServer, ServerConfig
-from kvstore.store_config import StoreConfig
+from kvstore.node.server import EmbeddedServer, ServerConfig
+from kvstore.store.config import StoreConfig
 
 NS = Namespace("in-place", KVLayout("float16", 4, 2, 64, 16))  # 32 KiB blocks
 REGION_LIMIT = 8 * NS.block_bytes

@@ -9,8 +9,8 @@ import pytest
 
 from kvstore import errors
 from kvstore.dataplane.frames import Reply
-from kvstore.dataplane.in_order import InOrder
-from kvstore.dataplane.landing import Landing
+from kvstore.dataplane.sockets.in_order import InOrder
+from kvstore.dataplane.sockets.landing import Landing
 
 SUMS = {0: 10, 1: 11, 2: 12, 3: 13}
 

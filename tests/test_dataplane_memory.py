@@ -1,6 +1,6 @@
-"""`bench.dataplane_memory`: a same-host get's two passes, alone and beside a neighbour."""
+"""`kvstore.bench.dataplane_memory`: a same-host get's two passes, alone and beside a neighbour."""
 
-from bench import dataplane_memory as memory
+from kvstore.bench import dataplane_memory as memory
 
 
 def test_the_ratios_say_what_each_neighbour_costs_and_where_a_get_can_fall() -> None:

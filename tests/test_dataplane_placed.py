@@ -13,7 +13,7 @@ import pytest
 from kvstore import errors
 from kvstore.client import Client
 from kvstore.dataplane.buffers import address_of
-from kvstore.dataplane.in_place import PAGE
+from kvstore.dataplane.shm.in_place import PAGE
 from kvstore.keys import KVLayout, Namespace, block_keys
 
 NS = Namespace("placed", KVLayout("float32", 4, 2, 32, 16))  # 4 parts of 4 KiB a block

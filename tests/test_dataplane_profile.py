@@ -1,6 +1,6 @@
-"""`bench.dataplane_profile`: perf's samples sorted into where the CPU went, per GB."""
+"""`kvstore.bench.dataplane_profile`: perf's samples sorted into where the CPU went, per GB."""
 
-from bench import dataplane_profile as profile
+from kvstore.bench import dataplane_profile as profile
 
 REPORT = """\
 # Samples: 71K of event 'cpu-clock:ppp'

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvstore.async_client import AsyncClient
 from kvstore.client import Client
+from kvstore.client.async_client import AsyncClient
 from kvstore.dataplane.retry import HandshakeRetry
 from kvstore.keys import KVLayout, Namespace, block_keys
 from tests.conftest import free_port, require_extra, start_store

@@ -27,16 +27,19 @@ from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.checksum import checksum
 from kvstore.client import Client
-from kvstore.client_common import raise_rpc_error
-from kvstore.dataplane import crew, frames, shm_server, socket_messages
+from kvstore.client.common import raise_rpc_error
+from kvstore.dataplane import frames
 from kvstore.dataplane.base import Admission
 from kvstore.dataplane.frames import Op, Reply, Request
-from kvstore.dataplane.regions import Region, placement
 from kvstore.dataplane.selection import Selection
-from kvstore.dataplane.shm_client import ShmClient
+from kvstore.dataplane.shm import crew
+from kvstore.dataplane.shm import server as shm_server
+from kvstore.dataplane.shm.client import ShmClient
+from kvstore.dataplane.shm.regions import Region, placement
+from kvstore.dataplane.sockets import messages as socket_messages
 from kvstore.keys import KVLayout, Namespace, block_keys
-from kvstore.server import EmbeddedServer, ServerConfig
-from kvstore.store_config import StoreConfig
+from kvstore.node.server import EmbeddedServer, ServerConfig
+from kvstore.store.config import StoreConfig
 from tests.conftest import wait_until
 
 NS = Namespace("llama-shm", KVLayout("float16", 4, 2, 64, 16))  # 32 KiB blocks

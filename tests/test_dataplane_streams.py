@@ -1,4 +1,4 @@
-"""Block bytes on a stream socket (`kvstore.dataplane.streams`), over a real socket pair:
+"""Block bytes on a stream socket (`kvstore.dataplane.tcp.streams`), over a real socket pair:
 every byte in order, each view summed as a whole, and a dead or late peer an error."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from kvstore.checksum import checksum
-from kvstore.dataplane import streams
+from kvstore.dataplane.tcp import streams
 
 SIZES = [100 << 10, 300 << 10, 0, 50 << 10, 1 << 20, 7]  # across piece boundaries
 

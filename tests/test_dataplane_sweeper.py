@@ -1,5 +1,5 @@
 """The sweeper takes out of a real UCX worker the messages no receive will match, and only
-those (kvstore.dataplane.sweeper): two workers in this process, one sending to the other."""
+those (kvstore.dataplane.ucx.sweeper): two workers in this process, one sending to the other."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from kvstore.dataplane.sweeper import SCRATCH_BYTES, Sweeper
+from kvstore.dataplane.ucx.sweeper import SCRATCH_BYTES, Sweeper
 from tests.conftest import require_extra, wait_until
 
 EXPECTED = 7  # the one tag the node under test expects
@@ -18,7 +18,7 @@ GRACE_S = 5.0
 @pytest.fixture
 def pair():
     require_extra("ucxx")
-    from kvstore.dataplane.runtime import UcxRuntime
+    from kvstore.dataplane.ucx.runtime import UcxRuntime
 
     node = UcxRuntime("sweep-node", {"NET_DEVICES": "lo"})
     peer = UcxRuntime("sweep-peer", {"NET_DEVICES": "lo"})

@@ -27,15 +27,16 @@ from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.checksum import checksum
 from kvstore.client import Client
-from kvstore.dataplane import frames, socket_messages
+from kvstore.dataplane import frames
 from kvstore.dataplane.frames import Op, Reply, Request
-from kvstore.dataplane.runtime import has_rdma_device
 from kvstore.dataplane.selection import network_planes
-from kvstore.dataplane.tcp_client import TcpClient
+from kvstore.dataplane.sockets import messages as socket_messages
+from kvstore.dataplane.tcp.client import TcpClient
+from kvstore.dataplane.ucx.runtime import has_rdma_device
 from kvstore.keys import KVLayout, Namespace, block_keys
+from kvstore.node.server import EmbeddedServer, ServerConfig
 from kvstore.results import PutStatus
-from kvstore.server import EmbeddedServer, ServerConfig
-from kvstore.store_config import StoreConfig
+from kvstore.store.config import StoreConfig
 from tests.conftest import wait_until
 
 NS = Namespace("llama-tcp", KVLayout("float16", 4, 2, 64, 16))  # 32 KiB blocks

@@ -7,8 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
-from tiers.base import Slot, TierStats
-from tiers.dram import DramTier
+from kvstore.store.tiers.base import Slot, TierStats
+from kvstore.store.tiers.dram import DramTier
 
 SLAB = 256
 

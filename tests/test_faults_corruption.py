@@ -15,8 +15,8 @@ import pytest
 
 from kvstore.client import Client
 from kvstore.keys import KVLayout, Namespace, block_keys
-from tiers.base import RecordHeader
-from tiers.ssd import encode_header
+from kvstore.store.tiers.base import RecordHeader
+from kvstore.store.tiers.ssd import encode_header
 
 NS = Namespace("corrupt-model", KVLayout("float16", 4, 2, 64, 16))  # 32 KiB blocks
 BLOCK = NS.block_bytes

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from kvstore import errors
-from kvstore.async_client import AsyncClient
 from kvstore.client import Client
+from kvstore.client.async_client import AsyncClient
 from kvstore.keys import KVLayout, Namespace, block_keys
 
 NS = Namespace("errors-model", KVLayout("float16", 4, 2, 64, 16))  # 32 KiB blocks

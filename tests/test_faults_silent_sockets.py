@@ -1,7 +1,7 @@
 """Sockets that never say hello, against a real `kvstore serve`: a flood of them from the
 client's own address, reopened as fast as the node closes them, never makes an admitted
 client fail to get onto the data plane. Every plane that accepts sockets takes part (a plane
-added later is in `TRANSPORTS` and is picked up here); a plane that accepts none makes its
+added later is in `SERVERS` and is picked up here); a plane that accepts none makes its
 connections in the authenticated handshake only."""
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ import urllib.request
 import numpy as np
 import pytest
 
-from bench.attacks import attack
+from kvstore.bench.attacks import attack
 from kvstore.client import Client
-from kvstore.dataplane import TRANSPORTS
-from kvstore.dataplane.socket_server import SocketServer
+from kvstore.dataplane.servers import SERVERS
+from kvstore.dataplane.sockets.server import SocketServer
 from kvstore.keys import KVLayout, Namespace, block_keys
 from tests.conftest import free_port
 
 NS = Namespace("admitted", KVLayout("float16", 2, 8, 64, 16))  # 64 KiB blocks
-LISTENING = sorted(name for name, t in TRANSPORTS.items() if issubclass(t.server, SocketServer))  # type: ignore[arg-type]
+LISTENING = sorted(name for name, server in SERVERS.items() if issubclass(server, SocketServer))  # type: ignore[arg-type]
 PER_PEER, IN_ALL, FLOOD = 8, 16, 64
 
 
@@ -28,7 +28,7 @@ def test_every_plane_either_bounds_its_sockets_here_or_accepts_none():
     """A plane that is no `SocketServer` accepts no socket: its connections are made by the
     node, for an authenticated handshake (UCX endpoints)."""
     assert set(LISTENING) == {"shm", "tcp"}
-    others = [t.server for name, t in TRANSPORTS.items() if name not in LISTENING]
+    others = [server for name, server in SERVERS.items() if name not in LISTENING]
     assert all(server.unproven.fget(None) is None for server in others)  # type: ignore[attr-defined]
 
 
@@ -45,7 +45,7 @@ def node(store_factory):
 
 
 def _target(address: str, plane: str) -> str:
-    """Where the plane listens, as `bench.attacks` names it (learned the way a client does)."""
+    """Where the plane listens, as `kvstore.bench.attacks` names it (learned as a client does)."""
     with Client(address, transport="grpc") as client:
         server_address, _ = client._handshake(plane, b"")
     if plane == "shm":

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bench.attacks import attack
 from kvstore import errors
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.bench.attacks import attack
 from kvstore.client import Client
 from kvstore.keys import KVLayout, Namespace, block_keys
 from tests.conftest import free_port, wait_until

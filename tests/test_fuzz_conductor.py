@@ -29,7 +29,7 @@ from gpu_engine.config import MODEL_PRESETS
 from gpu_engine.engine_client import EngineClient
 from gpu_engine.sampling import SamplingParams
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore.scheduler.front.completion import MIN_TEMPERATURE
+from kvstore.conductor.front.completion import MIN_TEMPERATURE
 from tests.conftest import wait_until
 from tests.test_conductor_live import Proc, _conductor, _engine, _ports
 

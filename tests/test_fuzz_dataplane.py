@@ -39,7 +39,7 @@ from kvstore.client import Client
 from kvstore.dataplane import frames
 from kvstore.dataplane.frames import Kind, Op, Reply, Request, RequestTags, Tags
 from kvstore.keys import KEY_BYTES, KVLayout, Namespace, block_keys
-from kvstore.server import EmbeddedServer, ServerConfig
+from kvstore.node.server import EmbeddedServer, ServerConfig
 from kvstore.store import StoreConfig
 from tests.conftest import require_extra, wait_until
 
@@ -344,7 +344,7 @@ class Node:
 @pytest.fixture(scope="module")
 def node() -> Iterator[Node]:
     require_extra("ucxx")
-    from kvstore.dataplane.runtime import UcxRuntime
+    from kvstore.dataplane.ucx.runtime import UcxRuntime
 
     store_config = StoreConfig(
         dram_bytes=32 << 20, slab_bytes=1 << 20, max_batch_keys=MAX_BATCH_KEYS
@@ -641,7 +641,7 @@ def test_frames_under_unmatched_tags_do_not_grow_the_node(store_factory):
     one connection that the node then drops. The node's sweeper drops them as they come: it
     may hold some, not all of them."""
     require_extra("ucxx")
-    from kvstore.dataplane.runtime import UcxRuntime
+    from kvstore.dataplane.ucx.runtime import UcxRuntime
 
     store = store_factory("--dram-bytes", "64MiB", "--slab-bytes", "4MiB")
     rt = UcxRuntime("fuzz-flood", {"NET_DEVICES": "lo"})

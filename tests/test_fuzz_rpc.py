@@ -27,7 +27,7 @@ from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.auth.channels import open_channel
 from kvstore.client import Client
 from kvstore.keys import KVLayout, Namespace, block_keys
-from kvstore.server import EmbeddedServer, ServerConfig
+from kvstore.node.server import EmbeddedServer, ServerConfig
 from kvstore.store import StoreConfig
 from tests.conftest import wait_until
 

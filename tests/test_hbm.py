@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tiers.hbm import HbmTier, is_cuda_available
+from kvstore.store.tiers.hbm import HbmTier, is_cuda_available
 
 pytestmark = [
     pytest.mark.gpu,

@@ -19,7 +19,7 @@ from kvstore import errors
 from kvstore.client import Client
 from kvstore.keys import KVLayout, Namespace, block_keys
 from kvstore.metrics import StoreCollector
-from kvstore.server import EmbeddedServer, ServerConfig
+from kvstore.node.server import EmbeddedServer, ServerConfig
 from kvstore.store import Store, StoreConfig
 from tests.conftest import free_port, require_extra, wait_until
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvstore.policy.chain_links import ChainLinks
+from kvstore.store.eviction.chain_links import ChainLinks
 
 
 def _links(*pairs: tuple[bytes, bytes | None]) -> ChainLinks:

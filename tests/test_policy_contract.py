@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvstore.policy import POLICIES, EvictionPolicy
+from kvstore.store.eviction import POLICIES, EvictionPolicy
 
 FACTORIES: dict[str, Callable[[], EvictionPolicy]] = dict(POLICIES)
 NAMES = sorted(FACTORIES)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvstore.policy.ghost_list import GhostList
+from kvstore.store.eviction.ghost_list import GhostList
 
 
 def test_remembers_the_most_recent_keys_up_to_the_limit() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvstore.policy import BlockHint, LRUPolicy
+from kvstore.store.eviction import BlockHint, LRUPolicy
 
 
 def _lru(keys: list[bytes]) -> LRUPolicy:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvstore.policy import Prefix2QPolicy
+from kvstore.store.eviction import Prefix2QPolicy
 
 
 def _chain(policy: Prefix2QPolicy, keys: bytes) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvstore.policy import PrefixLRUPolicy
+from kvstore.store.eviction import PrefixLRUPolicy
 
 
 def _make(chains: list[list[bytes]]) -> PrefixLRUPolicy:

@@ -4,13 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvstore.policy import (
-    POLICIES,
-    LRUPolicy,
-    Prefix2QPolicy,
-    PrefixLRUPolicy,
-    make_policy,
-)
+from kvstore.store.eviction import POLICIES, LRUPolicy, Prefix2QPolicy, PrefixLRUPolicy, make_policy
 
 
 def test_registry_names() -> None:

@@ -18,9 +18,9 @@ from tests.conftest import require_extra, wait_until
 torch = require_extra("torch")
 
 from kvstore.client import Client  # noqa: E402
+from kvstore.client.publishing import BlockPublisher, PublishStats  # noqa: E402
 from kvstore.errors import UnavailableError  # noqa: E402
 from kvstore.keys import KVLayout, Namespace, block_keys  # noqa: E402
-from kvstore.publishing import BlockPublisher, PublishStats  # noqa: E402
 
 SHAPE = (2, 8)  # one staging block: (layers, elements)
 KEYS = [bytes([i]) * 32 for i in range(16)]

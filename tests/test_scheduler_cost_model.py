@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvstore.scheduler import DATACENTER, CostModel, CostProfile, plan_prefill, resolve_profile
+from kvstore.conductor import DATACENTER, CostModel, CostProfile, plan_prefill, resolve_profile
 
 UNIT = CostProfile(
     name="unit",

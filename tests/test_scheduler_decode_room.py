@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from kvstore.scheduler import (
+from kvstore.conductor import (
     SLO,
     Accept,
     CostModel,
@@ -17,9 +17,9 @@ from kvstore.scheduler import (
     SchedRequest,
     make_scheduling_policy,
 )
-from kvstore.scheduler.decode_load import DecodeLoad, DecodeLoadPredictor
-from kvstore.scheduler.output_len import OutputLenEstimator
-from kvstore.scheduler.view import IncomingSeq, RunningSeq
+from kvstore.conductor.decode_load import DecodeLoad, DecodeLoadPredictor
+from kvstore.conductor.output_len import OutputLenEstimator
+from kvstore.conductor.view import IncomingSeq, RunningSeq
 from tests.test_scheduler_cost_model import UNIT
 from tests.test_scheduler_policies import _Decode, _Prefill, _View
 

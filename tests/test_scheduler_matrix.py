@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from bench import scheduler_matrix as matrix
-from bench.__main__ import main
-from bench.scheduler_targets import OVERLOAD_ATTAINMENT
+from kvstore.bench import scheduler_matrix as matrix
+from kvstore.bench.__main__ import main
+from kvstore.bench.scheduler_targets import OVERLOAD_ATTAINMENT
 from tests.test_scheduler_cost_model import UNIT
 from tests.test_scheduler_simulator import _trace
 

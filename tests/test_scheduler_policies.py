@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from kvstore.scheduler import (
+from kvstore.conductor import (
     SCHEDULING_POLICIES,
     SLO,
     Accept,
@@ -20,7 +20,7 @@ from kvstore.scheduler import (
     SchedRequest,
     make_scheduling_policy,
 )
-from kvstore.scheduler.view import ClusterView, DecodeView, IncomingSeq, PrefillView, RunningSeq
+from kvstore.conductor.view import ClusterView, DecodeView, IncomingSeq, PrefillView, RunningSeq
 from tests.test_scheduler_cost_model import UNIT
 
 COST = CostModel(UNIT)

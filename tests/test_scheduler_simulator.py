@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.__main__ import main
-from kvstore.scheduler import SLO, CostModel
-from kvstore.scheduler.sim.simulator import SimConfig, TraceRequest, simulate
+from kvstore.bench.__main__ import main
+from kvstore.conductor import SLO, CostModel
+from kvstore.conductor.sim.simulator import SimConfig, TraceRequest, simulate
 from tests.test_scheduler_cost_model import UNIT
 
 KEYS = {
@@ -111,9 +111,9 @@ def test_cli_writes_the_rows(tmp_path: Path) -> None:
 
 
 def test_a_queued_turn_predicts_the_blocks_its_previous_turn_leaves() -> None:
-    from kvstore.scheduler import SchedRequest
-    from kvstore.scheduler.sim.block_cache import LRUBlockCache
-    from kvstore.scheduler.sim.prefill_instance import SimPrefill
+    from kvstore.conductor import SchedRequest
+    from kvstore.conductor.sim.block_cache import LRUBlockCache
+    from kvstore.conductor.sim.prefill_instance import SimPrefill
 
     cost = CostModel(UNIT)
     prefill = SimPrefill(cost, UNIT.prefill_cache_blocks, LRUBlockCache(64))
@@ -132,7 +132,7 @@ def test_a_queued_turn_predicts_the_blocks_its_previous_turn_leaves() -> None:
 
 
 def test_decode_admits_in_order() -> None:
-    from kvstore.scheduler.sim.decode_instance import SimDecode
+    from kvstore.conductor.sim.decode_instance import SimDecode
 
     decode = SimDecode(CostModel(UNIT), 1000)
     decode.admit(0, 900, 10, 0.0)

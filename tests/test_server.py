@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from kvstore import errors
-from kvstore.async_client import AsyncClient
 from kvstore.client import Client
+from kvstore.client.async_client import AsyncClient
 from kvstore.keys import KVLayout, Namespace, block_keys
 from kvstore.results import PutStatus
 

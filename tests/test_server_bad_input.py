@@ -13,9 +13,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from kvstore import errors
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
-from kvstore.async_client import AsyncClient
 from kvstore.client import Client
-from kvstore.client_common import raise_rpc_error
+from kvstore.client.async_client import AsyncClient
+from kvstore.client.common import raise_rpc_error
 from kvstore.grpc_service import SERVICE
 from kvstore.keys import KVLayout, Namespace, block_keys
 from kvstore.results import NO_RESERVATION, PutStatus

@@ -7,9 +7,9 @@ import pytest
 from kvstore import errors
 from kvstore.checksum import checksum
 from kvstore.keys import KVLayout, Namespace, block_keys
-from kvstore.policy import POLICIES
 from kvstore.results import NO_RESERVATION, PutStatus
 from kvstore.store import Store, StoreConfig
+from kvstore.store.eviction import POLICIES
 
 NS = Namespace("test-model", KVLayout("float16", 2, 1, 8, 4))  # 256-byte blocks
 OTHER_NS = Namespace("other-model", KVLayout("float16", 2, 1, 8, 4))

@@ -13,8 +13,8 @@ from kvstore.checksum import checksum
 from kvstore.keys import KVLayout, Namespace, block_keys
 from kvstore.results import PutStatus
 from kvstore.store import Store, StoreConfig
-from tiers.base import Record, RecordHeader
-from tiers.ssd import SsdTier
+from kvstore.store.tiers.base import Record, RecordHeader
+from kvstore.store.tiers.ssd import SsdTier
 
 NS = Namespace("chain-model", KVLayout("float16", 2, 1, 8, 4))  # 256-byte blocks
 OTHER_NS = Namespace("other-model", KVLayout("float16", 2, 1, 8, 4))

@@ -16,9 +16,9 @@ from kvstore import errors
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.client import Client
-from kvstore.client_common import raise_rpc_error
+from kvstore.client.common import raise_rpc_error
 from kvstore.keys import KVLayout, Namespace, block_keys
-from kvstore.server import EmbeddedServer, ServerConfig
+from kvstore.node.server import EmbeddedServer, ServerConfig
 from kvstore.store import StoreConfig
 
 NS = Namespace("stream-model", KVLayout("float16", 2, 2, 16, 16))  # 4 KiB blocks

@@ -16,8 +16,8 @@ from kvstore.client import Client
 from kvstore.keys import KVLayout, Namespace, block_keys
 from kvstore.results import PutStatus
 from kvstore.store import Store, StoreConfig
+from kvstore.store.tiers.hbm import is_cuda_available
 from tests.conftest import require_extra
-from tiers.hbm import is_cuda_available
 
 torch = require_extra("torch")
 

@@ -12,10 +12,10 @@ from kvstore import errors
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.client import Client
-from kvstore.client_common import raise_rpc_error
+from kvstore.client.common import raise_rpc_error
 from kvstore.config import build
 from kvstore.keys import KVLayout, Namespace, block_keys
-from kvstore.server import EmbeddedServer, ServerConfig
+from kvstore.node.server import EmbeddedServer, ServerConfig
 from kvstore.store import Store, StoreConfig
 
 NS = Namespace("limit-model", KVLayout("float16", 2, 1, 8, 4))  # 256-byte blocks

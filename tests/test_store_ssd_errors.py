@@ -26,12 +26,12 @@ import pytest
 
 from kvstore import errors
 from kvstore.keys import KVLayout, Namespace, block_keys
-from kvstore.policy import POLICIES
 from kvstore.store import Store, StoreConfig
-from kvstore.tiering import demoter
+from kvstore.store.eviction import POLICIES
+from kvstore.store.tiering import demoter
+from kvstore.store.tiers.base import Record
+from kvstore.store.tiers.ssd import SsdTier
 from tests.conftest import mounted_tmpfs, wait_until
-from tiers.base import Record
-from tiers.ssd import SsdTier
 
 NS = Namespace("ssd-errors-model", KVLayout("float16", 2, 2, 16, 8))  # 1 KiB blocks
 BLOCK = NS.block_bytes
@@ -153,7 +153,7 @@ def _writes(key: bytes) -> Writes:
 
 
 def test_a_put_whose_victim_fails_to_write_drops_it_and_lands(tmp_path, faults, caplog):
-    caplog.set_level(logging.ERROR, logger="kvstore.tiering")
+    caplog.set_level(logging.ERROR, logger="kvstore.store.tiering")
     with _make_store(tmp_path / "ssd", dram_blocks=4, **INLINE_ONLY) as store:
         a, b, c = _chain(4, seed=1), _chain(1, seed=2), _chain(1, seed=3)
         _put(store, a)

@@ -28,9 +28,9 @@ from hypothesis.stateful import (
 from kvstore import errors
 from kvstore.checksum import checksum
 from kvstore.keys import KVLayout, Namespace
-from kvstore.policy import POLICIES
 from kvstore.results import NO_RESERVATION, PutStatus
 from kvstore.store import Lease, Store, StoreConfig
+from kvstore.store.eviction import POLICIES
 
 NS_A = Namespace("sm-a", KVLayout("float16", 2, 1, 8, 4))  # 256-byte blocks
 NS_B = Namespace("sm-b", KVLayout("float16", 2, 1, 8, 8))  # 512-byte blocks
@@ -247,7 +247,7 @@ class StoreMachine(RuleBasedStateMachine):
     def _chain_error(
         self, ns_id: bytes, keys: list[bytes], parents: list[bytes | None], is_new: list[bool]
     ) -> type[errors.KVStoreError] | None:
-        """The README's chain rules, on the model's links (`kvstore.chains` is not used)."""
+        """The README's chain rules, on the model's links (`kvstore.store.chains` is not used)."""
         earlier: set[bytes] = set()
         for key, parent in zip(keys, parents, strict=True):
             if parent == key:

@@ -8,8 +8,8 @@ import pytest
 
 from kvstore import errors
 from kvstore.keys import KVLayout, Namespace, block_keys
-from kvstore.policy import POLICIES
 from kvstore.store import Store, StoreConfig
+from kvstore.store.eviction import POLICIES
 
 NS = Namespace("tiered-model", KVLayout("float16", 2, 2, 16, 8))  # 1 KiB blocks
 BLOCK = NS.block_bytes

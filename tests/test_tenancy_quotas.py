@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvstore.errors import InvalidArgumentError
-from kvstore.tenancy.quotas import TenantQuotas
+from kvstore.store.quotas import TenantQuotas
 
 
 def _load(tmp_path, text: str) -> TenantQuotas:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
-from kvstore.tiering.demoter import Backoff, Demoter
-from kvstore.tiering.usage import TieringCounters
+from kvstore.store.tiering.demoter import Backoff, Demoter
+from kvstore.store.tiering.usage import TieringCounters
 
 
 class _Passes:

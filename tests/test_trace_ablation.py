@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from bench import trace_ablation
-from bench.__main__ import main
-from bench.trace_ablation import Trace, is_worth_keeping, run_ablation
-from bench.trace_file import hit_ratio
-from bench.trace_gen import generate
-from bench.trace_sim import simulate_lru, simulate_policy
+from kvstore.bench import trace_ablation
+from kvstore.bench.__main__ import main
+from kvstore.bench.trace_ablation import Trace, is_worth_keeping, run_ablation
+from kvstore.bench.trace_file import hit_ratio
+from kvstore.bench.trace_gen import generate
+from kvstore.bench.trace_sim import simulate_lru, simulate_policy
 
 
 @pytest.mark.parametrize(

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from bench import trace_sim
-from bench.__main__ import main
-from bench.trace import SWEEP_FRACTIONS, sweep_capacities
-from bench.trace_file import DEFAULT_TRACE, Request, hit_ratio, load_trace
-from bench.trace_replay import ReplayConfig, replay
-from kvstore.policy import POLICIES
+from kvstore.bench import trace_sim
+from kvstore.bench.__main__ import main
+from kvstore.bench.trace import SWEEP_FRACTIONS, sweep_capacities
+from kvstore.bench.trace_file import DEFAULT_TRACE, Request, hit_ratio, load_trace
+from kvstore.bench.trace_replay import ReplayConfig, replay
+from kvstore.store.eviction import POLICIES
 from tests.conftest import require_extra
 
 TINY = [

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from bench import trace_sim
-from bench.__main__ import main
-from bench.trace_file import BLOCK_TOKENS, load_trace
-from bench.trace_gen import KINDS, _Prompt, generate, write_trace
+from kvstore.bench import trace_sim
+from kvstore.bench.__main__ import main
+from kvstore.bench.trace_file import BLOCK_TOKENS, load_trace
+from kvstore.bench.trace_gen import KINDS, _Prompt, generate, write_trace
 
 
 def test_a_block_id_names_everything_up_to_the_block_end() -> None:

@@ -12,7 +12,7 @@ from tests.conftest import require_extra
 
 torch = require_extra("torch")
 
-from kvstore.integrations.vllm_blocks import PagedBlocks  # noqa: E402
+from kvstore.integrations.vllm.blocks import PagedBlocks  # noqa: E402
 
 NUM_BLOCKS, LAYERS, KV_HEADS, BLOCK_SIZE, HEAD_DIM = 8, 3, 2, 4, 8
 

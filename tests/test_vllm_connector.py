@@ -14,10 +14,10 @@ import pytest
 if not os.environ.get("KVSTORE_REQUIRE_VLLM"):
     pytest.importorskip("vllm")
 
-from bench.vllm_model import SIZES, build_model
+from kvstore.bench.vllm_model import SIZES, build_model
 from kvstore.client import Client
 from kvstore.keys import KVLayout, Namespace, block_keys
-from kvstore.server import EmbeddedServer, ServerConfig
+from kvstore.node.server import EmbeddedServer, ServerConfig
 from kvstore.store import StoreConfig
 from tests.conftest import free_port
 from tests.vllm_fixtures import corrupt_ssd_blocks, prompt_tokens, run_vllm

@@ -11,13 +11,13 @@ torch = require_extra("torch")
 
 from kvstore import errors  # noqa: E402
 from kvstore.client import Client  # noqa: E402
-from kvstore.integrations import vllm_layer_load  # noqa: E402
 from kvstore.integrations.load_phases import PhaseClock  # noqa: E402
-from kvstore.integrations.vllm_blocks import PagedBlocks  # noqa: E402
-from kvstore.integrations.vllm_loader import BlockLoader  # noqa: E402
-from kvstore.integrations.vllm_plan import RequestBlocks  # noqa: E402
+from kvstore.integrations.vllm import layer_load as vllm_layer_load  # noqa: E402
+from kvstore.integrations.vllm.blocks import PagedBlocks  # noqa: E402
+from kvstore.integrations.vllm.loader import BlockLoader  # noqa: E402
+from kvstore.integrations.vllm.plan import RequestBlocks  # noqa: E402
 from kvstore.keys import KVLayout, Namespace  # noqa: E402
-from kvstore.server import EmbeddedServer, ServerConfig  # noqa: E402
+from kvstore.node.server import EmbeddedServer, ServerConfig  # noqa: E402
 from kvstore.store import StoreConfig  # noqa: E402
 from tests.conftest import free_port, start_store, wait_no_leases  # noqa: E402
 

@@ -15,8 +15,8 @@ if not os.environ.get("KVSTORE_REQUIRE_VLLM"):
     pytest.importorskip("vllm")
 openai = pytest.importorskip("openai")
 
-from bench.vllm_engine import kv_transfer_config  # noqa: E402
-from bench.vllm_model import build_model  # noqa: E402
+from kvstore.bench.vllm_engine import kv_transfer_config  # noqa: E402
+from kvstore.bench.vllm_model import build_model  # noqa: E402
 from kvstore.client import Client  # noqa: E402
 from tests.conftest import free_port, wait_until  # noqa: E402
 from tests.vllm_fixtures import openai_server, prompt_tokens  # noqa: E402

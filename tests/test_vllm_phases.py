@@ -6,13 +6,13 @@ import mmap
 
 import pytest
 
-from bench.vllm import block_bytes, dataplane_get_gbps
-from bench.vllm_engine import minor_faults
-from bench.vllm_phases import parse_phases, phase_rows
-from bench.vllm_rows import kv_bytes_per_token, row
+from kvstore.bench.vllm import block_bytes, dataplane_get_gbps
+from kvstore.bench.vllm_engine import minor_faults
+from kvstore.bench.vllm_phases import parse_phases, phase_rows
+from kvstore.bench.vllm_rows import kv_bytes_per_token, row
 from kvstore.errors import InvalidArgumentError
 from kvstore.integrations.load_phases import PhaseClock, PhaseTotals
-from kvstore.integrations.vllm_config import ConnectorConfig
+from kvstore.integrations.vllm.config import ConnectorConfig
 
 
 def _clock(*times: float) -> PhaseClock:

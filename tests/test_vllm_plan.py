@@ -7,8 +7,8 @@ import pytest
 
 from kvstore.errors import InvalidArgumentError
 from kvstore.integrations.loaded_prefix import loaded_prefix_len
-from kvstore.integrations.vllm_config import ConnectorConfig
-from kvstore.integrations.vllm_plan import RequestBlocks, loadable_prefix_len
+from kvstore.integrations.vllm.config import ConnectorConfig
+from kvstore.integrations.vllm.plan import RequestBlocks, loadable_prefix_len
 from kvstore.keys import KVLayout, Namespace, block_keys
 
 NS = Namespace("vllm/cpu/tiny", KVLayout("float32", 2, 2, 16, 4))

@@ -18,7 +18,7 @@ from typing import Any
 
 import lmdb
 
-from bench.vllm_engine import ENV
+from kvstore.bench.vllm_engine import ENV
 from tests.conftest import wait_until
 
 RUN_TIMEOUT_S = 600
@@ -46,10 +46,10 @@ def prompt_tokens(seed: int, length: int) -> list[int]:
 
 
 def run_vllm(workdir: Path, name: str, **spec: Any) -> VllmRun:
-    """Runs `bench.vllm_engine` on `spec` in a fresh process; raises on failure."""
+    """Runs `kvstore.bench.vllm_engine` on `spec` in a fresh process; raises on failure."""
     spec_path, out_path, log_path = (workdir / f"{name}.{ext}" for ext in ("json", "out", "log"))
     spec_path.write_text(json.dumps({"max_tokens": 8, "in_process": True, **spec}))
-    cmd = [sys.executable, "-m", "bench.vllm_engine", str(spec_path), str(out_path)]
+    cmd = [sys.executable, "-m", "kvstore.bench.vllm_engine", str(spec_path), str(out_path)]
     env = {**os.environ, **ENV}
     with open(log_path, "w") as log:
         proc = subprocess.run(

@@ -2,7 +2,8 @@
 
 The control plane (gRPC) tells a client where a node's data plane listens and hands it a
 connection id; everything after that — requests, block bytes, replies — goes over the
-transport. Implementations are chosen through `kvstore.dataplane.TRANSPORTS`.
+transport. A node starts the servers of `kvstore.dataplane.servers`; a client picks its plane in
+`kvstore.dataplane.selection`.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ class DataPlaneClient(ABC):
     caller should make a new client; the buffers of a failed get hold unspecified bytes.
     """
 
-    plane = ""  # the transport's name in `TRANSPORTS`
+    plane = ""  # the transport's name in `servers.SERVERS`
 
     @abstractmethod
     def submit_get_into(

@@ -41,6 +41,7 @@ import numpy as np
 from kvstore import errors
 from kvstore.checksum import checksum
 from kvstore.keys import KEY_BYTES
+from kvstore.results import PutStatus
 
 SECRET_BYTES = 16
 MAX_BLOCKS = 1 << 16
@@ -55,6 +56,8 @@ _REQUEST_BITS = 44
 MAX_REQUEST_ID = (1 << 64) - 1  # a frame's request id is a u64
 BASE_MASK = ((1 << _REQUEST_BITS) - 1) << 16  # the request bits of a tag (module table)
 _MAX_ERROR_TEXT = 1000
+# A PUT reply's flags: the index of each block's status here, on every plane.
+STATUS_CODES = (PutStatus.RESERVED, PutStatus.PRESENT, PutStatus.IN_FLIGHT)
 
 
 class Kind(enum.IntEnum):

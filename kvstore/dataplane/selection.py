@@ -21,10 +21,10 @@ from collections.abc import Callable
 from kvstore import errors
 from kvstore.dataplane.base import Admission, DataPlaneClient
 from kvstore.dataplane.retry import REFUSALS
-from kvstore.dataplane.runtime import client_net_devices, has_rdma_device, is_available
-from kvstore.dataplane.shm_client import ShmClient
-from kvstore.dataplane.tcp_client import TcpClient
-from kvstore.dataplane.ucx_client import UcxClient
+from kvstore.dataplane.shm.client import ShmClient
+from kvstore.dataplane.tcp.client import TcpClient
+from kvstore.dataplane.ucx.client import UcxClient
+from kvstore.dataplane.ucx.runtime import client_net_devices, has_rdma_device, is_available
 
 log = logging.getLogger("kvstore.dataplane")
 # (transport, this client's address on it) -> the node's address, the admission

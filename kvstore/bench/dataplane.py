@@ -1,0 +1,484 @@
+"""Suite `dataplane`: put and get throughput and latency, kvstore against its limits and peers.
+
+One run, one machine, every peer in its own process: memcpy (the limit), a raw TCP socket,
+raw ucxx (the transport limit; also restricted to TCP), kvstore over shared memory (what a
+client on the node's host uses), over UCX, over UCX restricted to TCP (`UCX_TLS=tcp`, as
+across hosts without RDMA), over its own TCP plane and over gRPC, Redis (redis-py pipeline,
+how LMCache's Redis backend moves KV) and Mooncake Store over TCP (the `peers` extra).
+Each row times `reps` batches of `batch` blocks; the targets are ratios within the run, per
+block size: kvstore on the same host against memcpy (the limit of one copy) and Mooncake
+Store (the peer) and, over TCP, against a raw TCP socket.
+
+Two more rows measure what those limits leave once the checks kvstore must make are made,
+with nothing else (no store, no protocol): `shm-ceiling` (`dataplane_ceilings`: a copy into
+shared memory and a CRC32C of every block, in two processes, pipelined block by block) and
+`tcp-socket-crc32c` (the raw socket, its receiver summing every block). kvstore's ratio to
+them says how much of a missed target is the hardware's and how much is kvstore's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import multiprocessing as mp
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from kvstore.bench import dataplane_ceilings as ceilings
+from kvstore.bench import dataplane_peers as peers
+from kvstore.bench.options import extra_of
+from kvstore.bench.report import Row, print_table, progress_bar
+from kvstore.bench.suites import SuiteOptions
+
+BLOCK_BYTES = (64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
+BATCHES = (1, 64)
+OPS = ("put", "get")
+SYSTEMS = (
+    "memcpy", "crc32c", "shm-ceiling", "tcp-socket", "tcp-socket-crc32c", "ucxx-raw",
+    "ucxx-raw-tcp", "kvstore-shm", "kvstore-ucx", "kvstore-ucx-tcp", "kvstore-tcp", "kvstore-grpc",
+    "redis", "mooncake",
+)  # fmt: skip
+# UCX over TCP, tuned: bigger segments and more rendezvous lanes than the defaults.
+UCX_TCP_ENV = {"UCX_TLS": "tcp", "UCX_TCP_TX_SEG_SIZE": "512k", "UCX_TCP_RX_SEG_SIZE": "512k"}
+# (column, numerator system, op, denominator system, op, at least, from block size); ratios
+# of GB/s at batch 64, per block size, targets from that size up (none: reported only). On
+# the node's host a client moves bytes over shared memory ("auto" picks it), elsewhere UCX.
+RATIOS = (
+    ("put/memcpy", "kvstore-shm", "put", "memcpy", "put", 0.6, 1 << 20),
+    ("put/mooncake", "kvstore-shm", "put", "mooncake", "put", 1.0, 256 << 10),
+    ("ucx put/raw-ucxx", "kvstore-ucx", "put", "ucxx-raw", "put", None, 0),
+    ("get/memcpy", "kvstore-shm", "get", "memcpy", "get", 0.8, 1 << 20),
+    ("get/mooncake", "kvstore-shm", "get", "mooncake", "get", 1.0, 256 << 10),
+    ("ucx get/raw-ucxx", "kvstore-ucx", "get", "ucxx-raw", "get", None, 0),
+    ("ucx-tcp get/tcp-socket", "kvstore-ucx-tcp", "get", "tcp-socket", "get", 0.9, 0),
+    ("ucx-tcp put/tcp-socket", "kvstore-ucx-tcp", "put", "tcp-socket", "put", None, 0),
+    ("tcp get/tcp-socket", "kvstore-tcp", "get", "tcp-socket", "get", 0.9, 0),
+    ("tcp put/tcp-socket", "kvstore-tcp", "put", "tcp-socket", "put", None, 0),
+    # The ceilings: the same transfers with the checks kvstore must make and nothing else
+    # (`dataplane_ceilings`, a raw socket that sums), and where they stand against the limits.
+    ("put/ceiling", "kvstore-shm", "put", "shm-ceiling", "put", None, 0),
+    ("get/ceiling", "kvstore-shm", "get", "shm-ceiling", "get", None, 0),
+    ("ceiling put/memcpy", "shm-ceiling", "put", "memcpy", "put", None, 0),
+    ("ceiling get/memcpy", "shm-ceiling", "get", "memcpy", "get", None, 0),
+    ("ucx-tcp get/tcp-crc32c", "kvstore-ucx-tcp", "get", "tcp-socket-crc32c", "get", None, 0),
+    ("tcp get/tcp-crc32c", "kvstore-tcp", "get", "tcp-socket-crc32c", "get", None, 0),
+    ("tcp-crc32c get/tcp", "tcp-socket-crc32c", "get", "tcp-socket", "get", None, 0),
+)
+
+
+def _cells() -> list[peers.Cell]:
+    return [(op, size, batch) for size in BLOCK_BYTES for batch in BATCHES for op in OPS]
+
+
+def _reps(size: int, batch: int, quick: bool) -> int:
+    """Enough batches for ~256 MiB (quick: ~48 MiB) per row, at least 5 (quick: 3)."""
+    budget = (48 << 20) if quick else (256 << 20)
+    floor, cap = (3, 20) if quick else (5, 100)
+    return int(min(cap, max(floor, budget // (size * batch))))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def _env(extra: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _spawn(target: Callable[..., Any], *args: Any, env: dict[str, str] | None = None) -> Any:
+    with _env(env or {}):
+        proc = mp.get_context("spawn").Process(target=target, args=args, daemon=True)
+        proc.start()
+    return proc
+
+
+def _drive(fn: Callable[..., Any], *args: Any, env: dict[str, str] | None = None) -> Any:
+    """Runs a driver in a fresh spawned process (its own UCX settings) and returns its result."""
+    with _env(env or {}), mp.get_context("spawn").Pool(1) as pool:
+        return pool.apply(fn, args)
+
+
+def _times_by_cell(fn: Callable[[list[peers.Cell], int], Any], quick: bool) -> dict:
+    out: dict = {}
+    for cell in _cells():
+        out.update(fn([cell], _reps(cell[1], cell[2], quick)))
+    return out
+
+
+# -- systems -------------------------------------------------------------------------------
+
+
+def _run_memcpy(quick: bool) -> dict:
+    return _times_by_cell(lambda cells, reps: _drive(peers.drive_memcpy, cells, reps), quick)
+
+
+def _run_crc32c(quick: bool) -> dict:
+    return _times_by_cell(lambda cells, reps: _drive(peers.drive_crc32c, cells, reps), quick)
+
+
+def _run_shm_ceiling(quick: bool) -> dict:
+    name_q = mp.get_context("spawn").Queue()
+    node = _spawn(ceilings.serve_node, name_q)
+    try:
+        name = name_q.get(timeout=30)
+        return _drive(ceilings.drive, name, {c: _reps(c[1], c[2], quick) for c in _cells()})
+    finally:
+        node.kill()
+
+
+def _run_tcp(quick: bool, summed: bool = False) -> dict:
+    port_q = mp.get_context("spawn").Queue()
+    server = _spawn(peers.serve_tcp, port_q)
+    port = port_q.get(timeout=30)
+    try:
+        reps = {c: _reps(c[1], c[2], quick) for c in _cells()}
+        return _drive(_drive_cells, "tcp-crc32c" if summed else "tcp", port, reps)
+    finally:
+        server.kill()
+
+
+def _run_ucxx(quick: bool, env: dict[str, str]) -> dict:
+    addr_q = mp.get_context("spawn").Queue()
+    server = _spawn(peers.serve_ucxx, addr_q, env=env)
+    address = addr_q.get(timeout=60)
+    try:
+        reps = {c: _reps(c[1], c[2], quick) for c in _cells()}
+        return _drive(_drive_cells, "ucxx", address, reps, env=env)
+    finally:
+        server.kill()
+
+
+def _drive_cells(kind: str, target: Any, reps: dict) -> dict:
+    """In one driver process, times every cell against one peer."""
+    if kind.startswith("tcp"):
+        return _per_cell_tcp(target, reps, kind == "tcp-crc32c")
+    return _per_cell_ucxx(target, reps)
+
+
+def _per_cell_tcp(port: int, reps: dict, summed: bool) -> dict:
+    out = {}
+    for cell, n in reps.items():
+        out.update(peers.drive_tcp(port, [cell], n, summed))
+    return out
+
+
+def _per_cell_ucxx(address: bytes, reps: dict) -> dict:
+    # One connection for all cells: the raw server serves one client.
+    cells = list(reps)
+    times = peers.drive_ucxx(address, cells, max(reps.values()))
+    return {c: times[c][: reps[c]] for c in cells}
+
+
+@contextlib.contextmanager
+def _kvstore_server(env: dict[str, str], dataplane: str) -> Iterator[tuple[str, int]]:
+    """A kvstore node serving `dataplane`; yields its address and pid."""
+    port = _free_port()
+    cmd = [
+        sys.executable, "-m", "kvstore.cli", "--log-level", "WARNING", "serve",
+        "--port", str(port), "--dram-bytes", "3GiB", "--slab-bytes", "16MiB",
+        "--max-message-bytes", "64MiB", "--dataplane", dataplane,
+    ]  # fmt: skip
+    with _env(env):
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        from kvstore.client import Client
+
+        with Client(f"127.0.0.1:{port}") as client:
+            client.wait_ready(timeout_s=60)
+        yield f"127.0.0.1:{port}", proc.pid
+    finally:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+        proc.kill()
+
+
+def _run_kvstore(quick: bool, transport: str, env: dict[str, str]) -> dict:
+    plane = transport if transport in ("shm", "ucx", "tcp") else "none"
+    with _kvstore_server(env, plane) as (address, _):
+        reps = {c: _reps(c[1], c[2], quick) for c in _cells()}
+        return _drive(_kvstore_cells, address, transport, reps, env=env)
+
+
+def _kvstore_cells(address: str, transport: str, reps: dict) -> dict:
+    out = {}
+    for cell, n in reps.items():
+        out.update(peers.drive_kvstore(address, transport, [cell], n))
+    return out
+
+
+def _run_redis(quick: bool) -> dict:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("Redis needs redis-server: apt-get install redis-server")
+    port = _free_port()
+    cmd = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_port(port)
+        reps = {c: _reps(c[1], c[2], quick) for c in _cells()}
+        return _drive(_redis_cells, port, reps)
+    finally:
+        proc.kill()
+
+
+def _redis_cells(port: int, reps: dict) -> dict:
+    out = {}
+    for cell, n in reps.items():
+        out.update(peers.drive_redis(port, [cell], n))
+    return out
+
+
+def _wait_port(port: int, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+MOONCAKE_LIBS = {"ibverbs": "libibverbs1", "rdmacm": "librdmacm1", "numa": "libnuma1"}
+
+
+def mooncake_missing() -> str | None:
+    """What to install before the Mooncake Store peer can run, or None when nothing."""
+    import ctypes.util
+    import importlib.util
+
+    if importlib.util.find_spec("mooncake") is None:
+        return "Mooncake Store needs its package: pip install 'kvstore[peers]'"
+    debs = [deb for lib, deb in MOONCAKE_LIBS.items() if ctypes.util.find_library(lib) is None]
+    if debs:
+        return f"Mooncake Store needs Debian's {' '.join(debs)}: apt-get install {' '.join(debs)}"
+    if not os.path.exists(_mooncake_master()):
+        return "Mooncake Store needs mooncake_master: pip install 'kvstore[peers]'"
+    return None
+
+
+def _mooncake_master() -> str:
+    beside = os.path.join(os.path.dirname(sys.executable), "mooncake_master")
+    return shutil.which("mooncake_master") or beside
+
+
+def _run_mooncake(quick: bool) -> dict:
+    if (missing := mooncake_missing()) is not None:
+        raise RuntimeError(missing)
+    binary = _mooncake_master()
+    rpc, http = _free_port(), _free_port()
+    cmd = [
+        binary, f"--rpc_port={rpc}", "--enable_http_metadata_server=true",
+        f"--http_metadata_server_port={http}", "--http_metadata_server_host=127.0.0.1",
+        f"--metrics_port={_free_port()}",
+    ]  # fmt: skip
+    master = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    store = None
+    try:
+        _wait_port(rpc)
+        _wait_port(http)
+        args = (f"127.0.0.1:{rpc}", f"http://127.0.0.1:{http}/metadata")
+        ready = mp.get_context("spawn").Queue()
+        store = _spawn(peers.serve_mooncake, *args, ready)
+        ready.get(timeout=60)
+        reps = {c: _reps(c[1], c[2], quick) for c in _cells()}
+        return _drive(_mooncake_cells, *args, reps)
+    finally:
+        if store is not None:
+            store.kill()
+        master.kill()
+
+
+def _mooncake_cells(master: str, metadata: str, reps: dict) -> dict:
+    cells = list(reps)
+    times = peers.drive_mooncake(master, metadata, cells, max(reps.values()))
+    return {c: times[c][: reps[c]] for c in cells}
+
+
+RUNNERS: dict[str, Callable[[bool], dict]] = {
+    "memcpy": _run_memcpy,
+    "crc32c": _run_crc32c,
+    "shm-ceiling": _run_shm_ceiling,
+    "tcp-socket": _run_tcp,
+    "tcp-socket-crc32c": lambda q: _run_tcp(q, summed=True),
+    "ucxx-raw": lambda q: _run_ucxx(q, {}),
+    "ucxx-raw-tcp": lambda q: _run_ucxx(q, UCX_TCP_ENV),
+    "kvstore-shm": lambda q: _run_kvstore(q, "shm", {}),
+    "kvstore-ucx": lambda q: _run_kvstore(q, "ucx", {}),
+    "kvstore-ucx-tcp": lambda q: _run_kvstore(q, "ucx", UCX_TCP_ENV),
+    "kvstore-tcp": lambda q: _run_kvstore(q, "tcp", {}),
+    "kvstore-grpc": lambda q: _run_kvstore(q, "grpc", {}),
+    "redis": _run_redis,
+    "mooncake": _run_mooncake,
+}
+
+
+# -- rows ----------------------------------------------------------------------------------
+
+
+def _row(system: str, cell: peers.Cell, times: list[float] | None, note: str = "") -> Row:
+    op, size, batch = cell
+    row: Row = {"system": system, "op": op, "block_bytes": size, "batch": batch}
+    if times:
+        row |= {
+            "gbps": size * batch * len(times) / sum(times) / 1e9,
+            "p50_ms": statistics.median(times) * 1e3,
+            "p99_ms": float(np.percentile(times, 99)) * 1e3,
+        }
+    else:
+        row |= {"gbps": None, "p50_ms": None, "p99_ms": None}
+    if note:
+        row["note"] = note
+    return row
+
+
+def _times_of(system: str, quick: bool) -> dict | str:
+    """Every cell's times of one system, or why it could not run."""
+    try:
+        return RUNNERS[system](quick)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"[:120]
+
+
+def _rows_of(system: str, runs: list[dict | str]) -> list[Row]:
+    """One row per cell, over the times of every run of `system` (a failed run adds none)."""
+    timed = [run for run in runs if isinstance(run, dict)]
+    if not timed:
+        note = next((run for run in runs if isinstance(run, str)), "")
+        return [_row(system, cell, None, note) for cell in _cells()]
+    return [
+        _row(system, cell, [t for run in timed for t in run.get(cell, [])]) for cell in _cells()
+    ]
+
+
+def _gbps(rows: list[Row], system: str, op: str, size: int) -> float | None:
+    for r in rows:
+        if (r["system"], r["op"], r["block_bytes"], r["batch"]) == (system, op, size, 64):
+            return r["gbps"]  # type: ignore[return-value]
+    return None
+
+
+def _ratio_row(rows: list[Row], size: int) -> Row:
+    """One block size: kvstore's GB/s, its ratio to each baseline, and the targets missed."""
+    out: Row = {"block_bytes": size}
+    out["put_gbps"] = _gbps(rows, "kvstore-shm", "put", size)
+    out["get_gbps"] = _gbps(rows, "kvstore-shm", "get", size)
+    out["ucx_put_gbps"] = _gbps(rows, "kvstore-ucx", "put", size)
+    out["ucx_get_gbps"] = _gbps(rows, "kvstore-ucx", "get", size)
+    for column, num, num_op, den, den_op, _, _ in RATIOS:
+        a, b = _gbps(rows, num, num_op, size), _gbps(rows, den, den_op, size)
+        out[column] = a / b if a and b else None
+    # The client sums every block a get receives: that work's share of a get's time, if it
+    # did not overlap the transfer (it does: each block is summed as it lands).
+    get, crc = out["get_gbps"], _gbps(rows, "crc32c", "get", size)
+    out["crc/get"] = get / crc if get and crc else None  # type: ignore[operator]
+    out["missed"] = _missed(out)
+    return out
+
+
+def _missed(ratios: Row) -> str:
+    """The targets a block size's ratios miss ("-": none; an unmeasured ratio misses none)."""
+    missed = []
+    for column, _, _, _, _, at_least, from_size in RATIOS:
+        ratio = ratios[column]
+        if at_least is None or ratios["block_bytes"] < from_size or ratio is None:
+            continue
+        if ratio < at_least:  # type: ignore[operator]
+            missed.append(f"{column}<{at_least:g}")
+    return " ".join(missed) or "-"
+
+
+def _ratios(rows: list[Row]) -> list[Row]:
+    return [_ratio_row(rows, size) for size in BLOCK_BYTES]
+
+
+def _median_ratios(rounds: list[list[Row]]) -> list[Row]:
+    """Per block size, each ratio's median over the rounds (each round's ratio is of figures
+    measured minutes apart at most), and the targets that median misses."""
+    per_round = [_ratios(rows) for rows in rounds]
+    out = []
+    for i, size in enumerate(BLOCK_BYTES):
+        row: Row = {"block_bytes": size, "rounds": len(rounds)}
+        for column in per_round[0][i]:
+            if column in ("block_bytes", "missed"):
+                continue
+            values = [r[i][column] for r in per_round if r[i][column] is not None]
+            row[column] = statistics.median(values) if values else None  # type: ignore[type-var]
+        row["missed"] = _missed(row)
+        out.append(row)
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The suite's own flags."""
+    parser.add_argument(
+        "--systems",
+        default=None,
+        help=f"measure only these, comma-separated (default: all of {','.join(SYSTEMS)}); "
+        "a ratio needs both of its systems",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure every system this many times, in alternating order; ratios are the "
+        "median of each round's (on a noisy host, more rounds, steadier ratios)",
+    )
+
+
+def _systems(wanted: object) -> list[str]:
+    """The systems `--systems` names, in table order; every one of them without it."""
+    if not wanted:
+        return list(SYSTEMS)
+    names = str(wanted).split(",")
+    unknown = sorted(set(names) - set(SYSTEMS))
+    if unknown:
+        raise SystemExit(f"unknown systems {unknown}; known: {','.join(SYSTEMS)}")
+    return [s for s in SYSTEMS if s in names]
+
+
+def run(options: SuiteOptions) -> list[Row]:
+    """Measures every system asked for, `--rounds` times (the order reversed every other
+    round, so a drift of the host favours no system); prints the target ratios, each the
+    median of its rounds'; returns one row per measurement, over every round's times."""
+    extra = extra_of(options)
+    systems = _systems(extra.get("systems"))
+    num_rounds = int(extra.get("rounds") or 1)
+    if num_rounds < 1:
+        raise SystemExit("kvstore-bench dataplane: --rounds must be >= 1")
+    runs: dict[str, list[dict | str]] = {system: [] for system in systems}
+    with progress_bar("dataplane", total=len(systems) * num_rounds) as advance:
+        for r in range(num_rounds):
+            for system in systems if r % 2 == 0 else systems[::-1]:
+                runs[system].append(_times_of(system, options.quick))
+                advance(1)
+    rounds = [
+        [row for system in systems for row in _rows_of(system, [runs[system][r]])]
+        for r in range(num_rounds)
+    ]
+    title = f"dataplane, batches of 64: ratios within this run (median of {num_rounds} rounds)"
+    print_table(_median_ratios(rounds), title=title)
+    return [row for system in systems for row in _rows_of(system, runs[system])]

@@ -1,0 +1,199 @@
+"""Suite `scheduler`: replay a Mooncake-format trace through the simulated conductor, one row
+per (policy, speedup).
+
+Every policy of `kvstore.conductor.registry` runs on the same replay: N prefill and M
+decode instances under one cost-model profile, the trace's arrivals `--speedup` times
+faster (or at each speedup of the sweep). Rows give SLO attainment over all requests and
+over accepted ones, goodput (requests/s finished within both SLOs), rejections, prefill
+wasted on requests that then missed the SLO, TTFT and TBT percentiles, and the std over
+time of the mean decode KV utilisation. `kvstore.bench.scheduler_targets` checks the conductor's
+targets against the anchors measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from kvstore.bench import scheduler_live, scheduler_matrix, scheduler_targets
+from kvstore.bench.options import extra_of
+from kvstore.bench.report import Row, progress_bar, pyplot
+from kvstore.bench.suites import SuiteOptions
+from kvstore.bench.trace_file import DEFAULT_TRACE, load_trace
+from kvstore.conductor import PROFILES, SCHEDULING_POLICIES, SLO, resolve_profile
+from kvstore.conductor.sim.simulator import SimConfig, SimResult, TraceRequest, simulate
+
+SWEEP = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0)
+QUICK_SWEEP = (1.0, 3.0)
+QUICK_REQUESTS = 800
+DEFAULTS: Mapping[str, object] = {
+    "trace": DEFAULT_TRACE,
+    "prefill": 8,
+    "decode": 8,
+    "speedup": None,
+    "sweep": False,
+    "matrix": False,
+    "workers": 2,
+    "ttft_slo_s": 30.0,
+    "tbt_slo_ms": 100.0,
+    "profile": "datacenter",
+    "policy": "all",
+    "seed": 0,
+}
+# The decode-load plot draws these against each other at one overloaded speedup.
+PLOT_POLICIES = ("prefix-rr", "cache-aware", "cache-aware-reject", "cache-aware-predictive")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The suite's own flags."""
+    add = parser.add_argument
+    add("--trace", type=Path, default=DEFAULTS["trace"], help="Mooncake-format JSONL trace")
+    add("--prefill", type=int, default=DEFAULTS["prefill"], help="prefill instances")
+    add("--decode", type=int, default=DEFAULTS["decode"], help="decode instances")
+    add("--speedup", type=float, default=None, help="replay this many times faster (one run)")
+    add("--sweep", action="store_true", help=f"every speedup of {SWEEP} (the default)")
+    add(
+        "--matrix",
+        action="store_true",
+        help="the conductor vs the best anchors over 3 traces x 2 shapes x 3 overloaded speedups",
+    )
+    add("--workers", type=int, default=DEFAULTS["workers"], help="processes for --matrix")
+    add("--ttft-slo-s", type=float, default=DEFAULTS["ttft_slo_s"], help="TTFT SLO, seconds")
+    add("--tbt-slo-ms", type=float, default=DEFAULTS["tbt_slo_ms"], help="TBT SLO, ms")
+    add("--profile", default=DEFAULTS["profile"], help=f"{sorted(PROFILES)} or a JSON file")
+    add("--policy", default="all", choices=["all", *SCHEDULING_POLICIES], help="policy or all")
+    add("--seed", type=int, default=DEFAULTS["seed"], help="seeds the policies' random choices")
+    scheduler_live.add_arguments(parser)
+
+
+def _settings(options: SuiteOptions) -> dict[str, object]:
+    s = {**DEFAULTS, **extra_of(options)}
+    if s["speedup"] is not None and s["sweep"]:
+        raise SystemExit("--speedup and --sweep exclude each other")
+    if s["matrix"] and (s["speedup"] is not None or s["sweep"] or s["policy"] != "all"):
+        raise SystemExit("--matrix chooses its own speedups and policies")
+    if int(s["workers"]) < 1:  # type: ignore[call-overload]
+        raise SystemExit(f"--workers must be >= 1: {s['workers']}")
+    return s
+
+
+def _speedups(s: Mapping[str, object], quick: bool) -> tuple[float, ...]:
+    if s["speedup"] is not None:
+        return (float(s["speedup"]),)  # type: ignore[arg-type]
+    return QUICK_SWEEP if quick else SWEEP
+
+
+def _config(s: Mapping[str, object], speedup: float) -> SimConfig:
+    try:
+        profile = resolve_profile(str(s["profile"]))
+        slo = SLO(float(s["ttft_slo_s"]), float(s["tbt_slo_ms"]) / 1000)  # type: ignore[arg-type]
+        return SimConfig(int(s["prefill"]), int(s["decode"]), speedup, slo, profile, int(s["seed"]))  # type: ignore[call-overload]
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+
+
+def load_requests(path: Path, limit: int | None) -> list[TraceRequest]:
+    """The trace as the simulator takes it; SystemExit naming the problem."""
+    try:
+        requests = load_trace(path, limit)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"--trace: {exc}") from None
+    if not requests:
+        raise SystemExit(f"--trace: no requests in {path}")
+    return [TraceRequest(r.timestamp_ms, r.input_len, r.output_len, r.hash_ids) for r in requests]
+
+
+def _row(s: Mapping[str, object], policy: str, config: SimConfig, result: SimResult) -> Row:
+    m = result.summary
+    return {
+        "policy": policy,
+        "speedup": config.speedup,
+        **m._asdict(),  # the simulator's columns, the same in every row
+        "prefill": config.num_prefill,
+        "decode": config.num_decode,
+        "ttft_slo_s": config.slo.ttft_s,
+        "tbt_slo_ms": config.slo.tbt_s * 1000,
+        "profile": str(s["profile"]),
+        "seed": config.seed,
+        "trace": str(s["trace"]),
+    }
+
+
+def run(options: SuiteOptions) -> list[Row]:
+    """Simulates every (policy, speedup); one row each. With ``--matrix``, the rows of
+    `scheduler_matrix.run_matrix` instead.
+
+    Args:
+        options: ``quick`` replays the first 800 requests at two speedups; the suite's own
+            flags (`add_arguments`) come in ``extra``.
+    """
+    s = _settings(options)
+    if s["matrix"]:
+        return scheduler_matrix.run_matrix(s, options.quick, int(s["workers"]))  # type: ignore[call-overload]
+    requests = load_requests(Path(str(s["trace"])), QUICK_REQUESTS if options.quick else None)
+    if s.get("live"):  # real engines and the conductor instead of the simulator
+        return scheduler_live.run(options, s, requests)
+    policies = list(SCHEDULING_POLICIES) if s["policy"] == "all" else [str(s["policy"])]
+    speedups = _speedups(s, options.quick)
+    rows = []
+    with progress_bar("scheduler", total=len(requests) * len(policies) * len(speedups)) as advance:
+        for speedup in speedups:
+            config = _config(s, speedup)
+            for policy in policies:
+                rows.append(_row(s, policy, config, simulate(policy, requests, config, advance)))
+    return rows
+
+
+def exit_status(rows: list[Row]) -> int:
+    """1 when the conductor misses a target at an overloaded speedup (`scheduler_targets`);
+    the targets are defined on the default sweep, so any other run passes. A `--matrix` run
+    fails where cache-aware-predictive loses a cell (`scheduler_matrix`)."""
+    if scheduler_matrix.is_matrix(rows):
+        return scheduler_matrix.exit_status(rows)
+    if {float(r["speedup"]) for r in rows} != set(SWEEP):  # type: ignore[arg-type]
+        return 0
+    return scheduler_targets.exit_status(rows)
+
+
+def _overloaded_speedup(rows: Sequence[Row]) -> float:
+    """The lowest speedup at which prefix-rr misses 10% of its requests, else the highest."""
+    speedups = sorted({float(r["speedup"]) for r in rows})  # type: ignore[arg-type]
+    hit = scheduler_targets.overloaded_speedups(rows)
+    return min(hit) if hit else speedups[-1]
+
+
+def plot(rows: list[Row], path: Path) -> None:
+    """Goodput vs speedup per policy; decode load over time at one overloaded speedup."""
+    if scheduler_matrix.is_matrix(rows):
+        raise SystemExit("--plot draws the speedup sweep; the matrix has its summary table")
+    first = rows[0]
+    s = {**DEFAULTS, **{k: first[k] for k in ("trace", "prefill", "decode", "profile", "seed")}}
+    s["ttft_slo_s"], s["tbt_slo_ms"] = first["ttft_slo_s"], first["tbt_slo_ms"]
+    speedup = _overloaded_speedup(rows)
+    requests = load_requests(Path(str(first["trace"])), int(first["requests"]))  # type: ignore[call-overload]
+    plt = pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
+    for policy in dict.fromkeys(str(r["policy"]) for r in rows):
+        mine = sorted(
+            (float(r["speedup"]), float(r["goodput_rps"])) for r in rows if r["policy"] == policy
+        )  # type: ignore[arg-type]
+        style = "o-" if policy.startswith("cache-aware") else "x--"
+        left.plot([x for x, _ in mine], [y for _, y in mine], style, label=policy)
+    left.set(xlabel="trace speedup", ylabel="goodput (requests/s within both SLOs)")
+    left.legend(fontsize=7)
+    config = _config(s, speedup)
+    with progress_bar("scheduler plot", total=len(requests) * len(PLOT_POLICIES)) as advance:
+        for policy in PLOT_POLICIES:
+            series = simulate(policy, requests, config, advance).decode_load
+            right.plot([t for t, _ in series], [100 * u for _, u in series], label=policy, lw=0.8)
+    right.set(xlabel="simulated time (s)", ylabel="mean decode KV utilisation (%)")
+    right.set_title(f"decode load at {speedup:g}x", fontsize=9)
+    right.legend(fontsize=7)
+    fig.suptitle(
+        f"{Path(str(first['trace'])).name}: {first['prefill']}P + {first['decode']}D, "
+        f"SLO TTFT {first['ttft_slo_s']} s, TBT {first['tbt_slo_ms']} ms"
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)

@@ -1,0 +1,319 @@
+"""The blocking Python client of a store node (`AsyncClient` is its asyncio twin).
+
+Every call has a timeout and raises the typed errors of `kvstore.errors`. `get_into` and
+`put` move bytes over a data plane when both ends have it (`transport="auto"`: shared
+memory on the node's host, else UCX, else TCP), straight into and out of the caller's
+arrays; otherwise over the portable gRPC path.
+
+Example:
+    >>> ns = Namespace("llama-3-8b", KVLayout("float16", 32, 8, 128, 16))
+    >>> with Client("127.0.0.1:50051") as client:
+    ...     client.register_namespace(ns)
+    ...     keys = block_keys(ns, prompt_tokens)
+    ...     n = client.match(ns.id, keys).num_matched
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+import numpy as np
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from kvstore import errors, wire
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.auth import open_channel
+from kvstore.client.common import (
+    DEFAULT_CHUNK_BYTES,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_TIMEOUT_S,
+    TRANSPORT_CHOICES,
+    Buffer,
+    GetAssembler,
+    GetResult,
+    as_bytes_view,
+    blocks_to_write,
+    check_blocks,
+    copy_into,
+    put_result,
+    raise_rpc_error,
+)
+from kvstore.dataplane import DataPlaneClient
+from kvstore.dataplane.base import Admission
+from kvstore.dataplane.buffers import as_transfer_buffer
+from kvstore.dataplane.retry import REFUSALS, HandshakeRetry
+from kvstore.dataplane.selection import Selection
+from kvstore.dataplane.shm.client import ShmClient
+from kvstore.keys import Namespace
+from kvstore.results import (
+    NO_RESERVATION,
+    MatchResult,
+    NamespaceInfo,
+    PutResult,
+    ReserveResult,
+    StoreStats,
+)
+
+__all__ = ["TRANSPORT_CHOICES", "Client", "GetResult"]
+
+
+class Client:
+    """Blocking client. Thread-safe; use one per process and close it (or use `with`).
+
+    Args:
+        address: "host:port" of a store node.
+        timeout_s: deadline of every call.
+        chunk_bytes: size of the byte chunks streamed on the gRPC path.
+        transport: how `get_into`/`put` move bytes: "shm" (shared memory with a node on
+            this host), "ucx" or "tcp" (those data planes; each raises UnavailableError
+            where it cannot be had), "grpc" (the portable path), "auto" (shm on the node's
+            host; else ucx then tcp on a host with an RDMA device, tcp then ucx on one
+            without; else grpc: `kvstore.dataplane.selection`).
+        auth_token: bearer token sent with every call (a node with --auth-token-file
+            answers calls without a known one UNAUTHENTICATED).
+        tls_ca: PEM file of the CA the node's certificate chains to: connect over TLS.
+        tls_cert, tls_key: PEM client certificate and key, for a node that asks for one
+            (mutual TLS).
+        dataplane_retry: when "auto" asks for the data plane again after a node refused
+            it (`kvstore.dataplane.retry`; default: after 1 s, doubling up to 60 s).
+    """
+
+    def __init__(
+        self,
+        address: str,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        transport: str = "auto",
+        auth_token: str = "",
+        tls_ca: str = "",
+        tls_cert: str = "",
+        tls_key: str = "",
+        dataplane_retry: HandshakeRetry | None = None,
+    ) -> None:
+        if transport not in TRANSPORT_CHOICES:
+            raise errors.InvalidArgumentError(f"transport must be one of {TRANSPORT_CHOICES}")
+        self.address = address
+        self.timeout_s = timeout_s
+        self.chunk_bytes = chunk_bytes
+        self.transport = transport
+        self._dataplane: DataPlaneClient | None = None
+        self._selection = Selection(transport, address, timeout_s)
+        self.dataplane_retry = dataplane_retry or HandshakeRetry()
+        self._dataplane_lock = threading.Lock()
+        options = [
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ]
+        self._channel = open_channel(address, options, auth_token, tls_ca, tls_cert, tls_key)
+        self._stub = pb_grpc.KVStoreStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        with self._dataplane_lock:
+            if self._dataplane is not None:
+                self._dataplane.close()
+                self._dataplane = None
+        self._channel.close()
+
+    def _call(self, method, request):  # type: ignore[no-untyped-def]
+        try:
+            return method(request, timeout=self.timeout_s)
+        except grpc.RpcError as err:
+            raise_rpc_error(err)
+
+    # -- data plane ----------------------------------------------------------------------
+
+    def _handshake(self, transport: str, client_address: bytes) -> tuple[bytes, Admission]:
+        request = pb.DataPlaneInfoRequest(transport=transport, client_address=client_address)
+        response = self._call(self._stub.DataPlaneInfo, request)
+        return response.server_address, Admission(response.client_id, response.connection_secret)
+
+    @property
+    def plane(self) -> str:
+        """The path `get_into`/`put` take now: "shm", "ucx", "tcp" or "grpc"."""
+        dataplane = self._dataplane
+        if dataplane is None or not dataplane.is_open:
+            return "grpc"
+        return dataplane.plane
+
+    def data_plane(self) -> DataPlaneClient | None:
+        """The data-plane connection `get_into`/`put` use (`kvstore.dataplane.selection`:
+        shared memory on the node's host, else UCX, else TCP), made on first use; None
+        means gRPC.
+
+        With transport "shm", "ucx" or "tcp" raises UnavailableError where "auto" falls back to
+        gRPC, and tries again when `dataplane_retry` says (`kvstore.dataplane.retry`).
+        """
+        if self.transport == "grpc":
+            return None
+        with self._dataplane_lock:
+            if self._dataplane is not None and self._dataplane.is_open:
+                return self._dataplane
+            if self.transport == "auto" and not self.dataplane_retry.is_due:
+                return None  # refused a moment ago: gRPC until the retry is due
+            try:
+                self._dataplane = self._selection.open(self._handshake)
+            except REFUSALS as exc:
+                if self.transport != "auto":
+                    raise
+                if not self.dataplane_retry.refused(self.address, exc, self._selection.can_succeed):
+                    self.transport = "grpc"  # no data plane reachable from here: for good
+                return None
+            self.dataplane_retry.succeeded()
+            return self._dataplane
+
+    def buffer(self, nbytes: int) -> np.ndarray:
+        """`nbytes` of host memory (uint8) that `get_into` and `put` move blocks in and out
+        of with the fewest copies: with a node on this host, memory shared with it (the
+        node copies blocks straight in and out); else plain memory. Slice blocks from it."""
+        dataplane = self.data_plane()
+        if isinstance(dataplane, ShmClient):
+            return dataplane.buffer(nbytes)
+        return np.empty(nbytes, np.uint8)
+
+    def share(self, arrays: Sequence[np.ndarray]) -> int:
+        """Makes host memory this process already has and keeps for its life (uint8
+        arrays, e.g. views of vLLM's paged KV cache) memory shared with a node on this
+        host, in place: the same addresses and bytes, moved onto files the node maps, so
+        gets and puts of blocks there need no copy on this side. Nothing may write the
+        arrays meanwhile. Returns the bytes shared: 0 without a node on this host; blocks
+        touching a partial page at an array's ends still go through staging."""
+        dataplane = self.data_plane()
+        return dataplane.share(arrays) if isinstance(dataplane, ShmClient) else 0
+
+    def get_into(
+        self, namespace_id: bytes, keys: Sequence[bytes], buffers: Sequence[Any]
+    ) -> tuple[bool, ...]:
+        """Reads the committed blocks of `keys` straight into `buffers` (one per key, each
+        exactly the namespace's block size: numpy arrays, torch tensors, cupy arrays,
+        bytearrays). Returns which keys were found; a miss leaves its buffer untouched."""
+        check_blocks(keys, buffers)
+        dataplane = self.data_plane() if keys else None
+        if dataplane is None:
+            return copy_into(self.get(namespace_id, keys), buffers)
+        block_bytes = as_transfer_buffer(buffers[0], writable=True).nbytes
+        return dataplane.get_into(namespace_id, keys, buffers, block_bytes)
+
+    def wait_ready(self, timeout_s: float | None = None) -> None:
+        """Blocks until the channel connects; raises UnavailableError after the timeout."""
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=timeout_s or self.timeout_s)
+        except grpc.FutureTimeoutError:
+            raise errors.UnavailableError(f"store at {self.address} is not reachable") from None
+
+    def health(self) -> bool:
+        """Whether the store reports SERVING."""
+        request = health_pb2.HealthCheckRequest(service=wire.SERVICE_NAME)
+        response = self._call(self._health.Check, request)
+        return response.status == health_pb2.HealthCheckResponse.SERVING
+
+    def register_namespace(self, namespace: Namespace) -> NamespaceInfo:
+        request = pb.RegisterNamespaceRequest(namespace=wire.namespace_to_pb(namespace))
+        response = self._call(self._stub.RegisterNamespace, request)
+        return NamespaceInfo(response.namespace_id, response.block_bytes)
+
+    def match(self, namespace_id: bytes, keys: Sequence[bytes]) -> MatchResult:
+        """Longest committed prefix of `keys`."""
+        request = pb.MatchRequest(namespace_id=namespace_id, keys=keys)
+        return wire.match_from_pb(self._call(self._stub.Match, request))
+
+    def reserve(
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        parents: Sequence[bytes | None] | None = None,
+    ) -> ReserveResult:
+        request = pb.ReserveRequest(
+            namespace_id=namespace_id, keys=keys, parent_keys=wire.parents_to_pb(parents)
+        )
+        return wire.reserve_from_pb(self._call(self._stub.Reserve, request))
+
+    def write(self, reservation_id: int, blocks: Sequence[tuple[int, Buffer]]) -> int:
+        """Streams `(index, payload)` pairs into a reservation; returns bytes sent."""
+        views = [(i, as_bytes_view(b)) for i, b in blocks]
+        chunks = wire.write_chunks(reservation_id, views, self.chunk_bytes)
+        return self._call(self._stub.Write, chunks).bytes_written
+
+    def commit(self, reservation_id: int) -> int:
+        """Makes a reservation's blocks readable; `NO_RESERVATION` (nothing reserved) is a
+        no-op that sends nothing."""
+        if reservation_id == NO_RESERVATION:
+            return 0
+        request = pb.CommitRequest(reservation_id=reservation_id)
+        return self._call(self._stub.Commit, request).num_committed
+
+    def abort(self, reservation_id: int) -> None:
+        """Frees a reservation's slots; a no-op for `NO_RESERVATION`."""
+        if reservation_id == NO_RESERVATION:
+            return
+        self._call(self._stub.Abort, pb.AbortRequest(reservation_id=reservation_id))
+
+    def put(
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        blocks: Sequence[Buffer],
+        parents: Sequence[bytes | None] | None = None,
+    ) -> PutResult:
+        """Stores `blocks` under `keys` (reserve, write, commit); keys already present
+        are skipped. On failure the reservation is aborted and nothing becomes visible.
+        Over the data plane each block carries a CRC32C the node checks before commit."""
+        check_blocks(keys, blocks)
+        dataplane = self.data_plane() if keys else None
+        if dataplane is not None:
+            block_bytes = as_transfer_buffer(blocks[0], writable=False).nbytes
+            return put_result(dataplane.put(namespace_id, keys, blocks, parents, block_bytes))
+        reserved = self.reserve(namespace_id, keys, parents)
+        if reserved.num_reserved:
+            try:
+                self.write(reserved.reservation_id, blocks_to_write(reserved, blocks))
+                self.commit(reserved.reservation_id)
+            except BaseException:
+                self._abort_quietly(reserved.reservation_id)
+                raise
+        return put_result(reserved)
+
+    def put_chain(
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        blocks: Sequence[Buffer],
+        parent: bytes | None = None,
+    ) -> PutResult:
+        """`put` of consecutive blocks of one chain that continues after `parent`."""
+        return self.put(namespace_id, keys, blocks, [parent, *keys[:-1]])
+
+    def get(self, namespace_id: bytes, keys: Sequence[bytes]) -> GetResult:
+        """Committed blocks among `keys`; misses are None."""
+        assembler = GetAssembler()
+        request = pb.GetRequest(namespace_id=namespace_id, keys=keys)
+        try:
+            for msg in self._stub.Get(request, timeout=self.timeout_s):
+                assembler.feed(msg)
+        except grpc.RpcError as err:
+            raise_rpc_error(err)
+        return assembler.result()
+
+    def remove(self, namespace_id: bytes, keys: Sequence[bytes]) -> int:
+        request = pb.RemoveRequest(namespace_id=namespace_id, keys=keys)
+        return self._call(self._stub.Remove, request).num_removed
+
+    def stats(self) -> StoreStats:
+        return wire.stats_from_pb(self._call(self._stub.Stats, pb.StatsRequest()))
+
+    def _abort_quietly(self, reservation_id: int) -> None:
+        # Expired or unreachable: the server frees it at the deadline anyway.
+        with contextlib.suppress(errors.KVStoreError):
+            self.abort(reservation_id)

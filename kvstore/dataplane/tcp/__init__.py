@@ -1,0 +1,1 @@
+"""The TCP plane: block bytes on a stream socket, copied once by the kernel."""
