@@ -71,7 +71,7 @@ def test_a_stream_that_fails_on_a_bad_chunk_undoes_its_half_written_blocks(clien
         _chunk(rid, 1, HALF + 1, b"x"),  # out of order
     ]
     with pytest.raises(grpc.RpcError) as info:
-        client._stub.Write(iter(chunks))
+        client._stubs["store"].Write(iter(chunks))
     assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     _finish_and_check(client, keys, rid)
 
@@ -98,7 +98,7 @@ def test_a_stream_the_client_cancels_undoes_its_half_written_blocks(server, clie
         yield _chunk(rid, 1, 0, _block(7)[:HALF])
         unblock.wait(timeout=30)  # the client goes away with block 1 half sent
 
-    call = client._stub.Write.future(chunks())
+    call = client._stubs["store"].Write.future(chunks())
     assert landed.wait(timeout=30)
     call.cancel()
     unblock.set()
@@ -108,7 +108,9 @@ def test_a_stream_the_client_cancels_undoes_its_half_written_blocks(server, clie
 
 def test_a_stream_that_ends_with_a_block_half_sent_leaves_it_as_it_was(client):
     keys, rid = _reserve_two(client)
-    client._stub.Write(iter([_chunk(rid, 0, 0, _block(1)), _chunk(rid, 1, 0, _block(7)[:HALF])]))
+    client._stubs["store"].Write(
+        iter([_chunk(rid, 0, 0, _block(1)), _chunk(rid, 1, 0, _block(7)[:HALF])])
+    )
     _finish_and_check(client, keys, rid)
 
 

@@ -3,7 +3,8 @@
 Every call has a timeout and raises the typed errors of `kvstore.errors`. `get_into` and
 `put` move bytes over a data plane when both ends have it (`transport="auto"`: shared
 memory on the node's host, else UCX, else TCP), straight into and out of the caller's
-arrays; otherwise over the portable gRPC path.
+arrays; otherwise over the portable gRPC path. What each call sends and means is in
+`calls`, which both clients share; this module only does the blocking I/O.
 
 Example:
     >>> ns = Namespace("llama-3-8b", KVLayout("float16", 32, 8, 128, 16))
@@ -15,19 +16,19 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import numpy as np
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2_grpc
 
-from kvstore import errors, wire
+from kvstore import errors
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.auth import open_channel
+from kvstore.client import calls
 from kvstore.client.common import (
     DEFAULT_CHUNK_BYTES,
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -36,30 +37,22 @@ from kvstore.client.common import (
     Buffer,
     GetAssembler,
     GetResult,
-    as_bytes_view,
-    blocks_to_write,
+    channel_options,
     check_blocks,
     copy_into,
     put_result,
     raise_rpc_error,
 )
-from kvstore.dataplane import DataPlaneClient
-from kvstore.dataplane.base import Admission
+from kvstore.client.data_planes import DataPlanes
+from kvstore.dataplane.base import Admission, DataPlaneClient
 from kvstore.dataplane.buffers import as_transfer_buffer
 from kvstore.dataplane.retry import REFUSALS, HandshakeRetry
-from kvstore.dataplane.selection import Selection
 from kvstore.dataplane.shm.client import ShmClient
 from kvstore.keys import Namespace
-from kvstore.results import (
-    NO_RESERVATION,
-    MatchResult,
-    NamespaceInfo,
-    PutResult,
-    ReserveResult,
-    StoreStats,
-)
+from kvstore.results import MatchResult, NamespaceInfo, PutResult, ReserveResult, StoreStats
 
 __all__ = ["TRANSPORT_CHOICES", "Client", "GetResult"]
+T = TypeVar("T")
 
 
 class Client:
@@ -96,23 +89,17 @@ class Client:
         tls_key: str = "",
         dataplane_retry: HandshakeRetry | None = None,
     ) -> None:
-        if transport not in TRANSPORT_CHOICES:
-            raise errors.InvalidArgumentError(f"transport must be one of {TRANSPORT_CHOICES}")
+        self._planes = DataPlanes(transport, address, timeout_s, dataplane_retry)
         self.address = address
         self.timeout_s = timeout_s
         self.chunk_bytes = chunk_bytes
-        self.transport = transport
-        self._dataplane: DataPlaneClient | None = None
-        self._selection = Selection(transport, address, timeout_s)
-        self.dataplane_retry = dataplane_retry or HandshakeRetry()
-        self._dataplane_lock = threading.Lock()
-        options = [
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-        ]
+        self._lock = threading.Lock()
+        options = channel_options(max_message_bytes)
         self._channel = open_channel(address, options, auth_token, tls_ca, tls_cert, tls_key)
-        self._stub = pb_grpc.KVStoreStub(self._channel)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._stubs = {
+            "store": pb_grpc.KVStoreStub(self._channel),
+            "health": health_pb2_grpc.HealthStub(self._channel),
+        }
 
     def __enter__(self) -> Client:
         return self
@@ -121,32 +108,36 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        with self._dataplane_lock:
-            if self._dataplane is not None:
-                self._dataplane.close()
-                self._dataplane = None
+        with self._lock:
+            if (connection := self._planes.take()) is not None:
+                connection.close()
         self._channel.close()
 
-    def _call(self, method, request):  # type: ignore[no-untyped-def]
+    def _run(self, call: calls.Call[T]) -> T:
+        method = getattr(self._stubs[call.stub], call.method)
         try:
-            return method(request, timeout=self.timeout_s)
+            return call.read(method(call.request, timeout=self.timeout_s))
         except grpc.RpcError as err:
             raise_rpc_error(err)
 
     # -- data plane ----------------------------------------------------------------------
 
-    def _handshake(self, transport: str, client_address: bytes) -> tuple[bytes, Admission]:
-        request = pb.DataPlaneInfoRequest(transport=transport, client_address=client_address)
-        response = self._call(self._stub.DataPlaneInfo, request)
-        return response.server_address, Admission(response.client_id, response.connection_secret)
+    @property
+    def transport(self) -> str:
+        """The transport asked for; "grpc" once "auto" found no data plane reachable."""
+        return self._planes.transport
+
+    @property
+    def dataplane_retry(self) -> HandshakeRetry:
+        return self._planes.retry
 
     @property
     def plane(self) -> str:
         """The path `get_into`/`put` take now: "shm", "ucx", "tcp" or "grpc"."""
-        dataplane = self._dataplane
-        if dataplane is None or not dataplane.is_open:
-            return "grpc"
-        return dataplane.plane
+        return self._planes.plane
+
+    def _handshake(self, transport: str, client_address: bytes) -> tuple[bytes, Admission]:
+        return self._run(calls.handshake(transport, client_address))
 
     def data_plane(self) -> DataPlaneClient | None:
         """The data-plane connection `get_into`/`put` use (`kvstore.dataplane.selection`:
@@ -156,23 +147,15 @@ class Client:
         With transport "shm", "ucx" or "tcp" raises UnavailableError where "auto" falls back to
         gRPC, and tries again when `dataplane_retry` says (`kvstore.dataplane.retry`).
         """
-        if self.transport == "grpc":
-            return None
-        with self._dataplane_lock:
-            if self._dataplane is not None and self._dataplane.is_open:
-                return self._dataplane
-            if self.transport == "auto" and not self.dataplane_retry.is_due:
-                return None  # refused a moment ago: gRPC until the retry is due
+        with self._lock:
+            if not self._planes.must_open():
+                return self._planes.current()
             try:
-                self._dataplane = self._selection.open(self._handshake)
+                connection = self._planes.selection.open(self._handshake)
             except REFUSALS as exc:
-                if self.transport != "auto":
-                    raise
-                if not self.dataplane_retry.refused(self.address, exc, self._selection.can_succeed):
-                    self.transport = "grpc"  # no data plane reachable from here: for good
+                self._planes.refused(exc)
                 return None
-            self.dataplane_retry.succeeded()
-            return self._dataplane
+            return self._planes.opened(connection)
 
     def buffer(self, nbytes: int) -> np.ndarray:
         """`nbytes` of host memory (uint8) that `get_into` and `put` move blocks in and out
@@ -206,6 +189,8 @@ class Client:
         block_bytes = as_transfer_buffer(buffers[0], writable=True).nbytes
         return dataplane.get_into(namespace_id, keys, buffers, block_bytes)
 
+    # -- control plane -------------------------------------------------------------------
+
     def wait_ready(self, timeout_s: float | None = None) -> None:
         """Blocks until the channel connects; raises UnavailableError after the timeout."""
         try:
@@ -215,19 +200,14 @@ class Client:
 
     def health(self) -> bool:
         """Whether the store reports SERVING."""
-        request = health_pb2.HealthCheckRequest(service=wire.SERVICE_NAME)
-        response = self._call(self._health.Check, request)
-        return response.status == health_pb2.HealthCheckResponse.SERVING
+        return self._run(calls.health())
 
     def register_namespace(self, namespace: Namespace) -> NamespaceInfo:
-        request = pb.RegisterNamespaceRequest(namespace=wire.namespace_to_pb(namespace))
-        response = self._call(self._stub.RegisterNamespace, request)
-        return NamespaceInfo(response.namespace_id, response.block_bytes)
+        return self._run(calls.register_namespace(namespace))
 
     def match(self, namespace_id: bytes, keys: Sequence[bytes]) -> MatchResult:
         """Longest committed prefix of `keys`."""
-        request = pb.MatchRequest(namespace_id=namespace_id, keys=keys)
-        return wire.match_from_pb(self._call(self._stub.Match, request))
+        return self._run(calls.match(namespace_id, keys))
 
     def reserve(
         self,
@@ -235,30 +215,22 @@ class Client:
         keys: Sequence[bytes],
         parents: Sequence[bytes | None] | None = None,
     ) -> ReserveResult:
-        request = pb.ReserveRequest(
-            namespace_id=namespace_id, keys=keys, parent_keys=wire.parents_to_pb(parents)
-        )
-        return wire.reserve_from_pb(self._call(self._stub.Reserve, request))
+        return self._run(calls.reserve(namespace_id, keys, parents))
 
     def write(self, reservation_id: int, blocks: Sequence[tuple[int, Buffer]]) -> int:
         """Streams `(index, payload)` pairs into a reservation; returns bytes sent."""
-        views = [(i, as_bytes_view(b)) for i, b in blocks]
-        chunks = wire.write_chunks(reservation_id, views, self.chunk_bytes)
-        return self._call(self._stub.Write, chunks).bytes_written
+        return self._run(calls.write(reservation_id, blocks, self.chunk_bytes))
 
     def commit(self, reservation_id: int) -> int:
         """Makes a reservation's blocks readable; `NO_RESERVATION` (nothing reserved) is a
         no-op that sends nothing."""
-        if reservation_id == NO_RESERVATION:
-            return 0
-        request = pb.CommitRequest(reservation_id=reservation_id)
-        return self._call(self._stub.Commit, request).num_committed
+        call = calls.commit(reservation_id)
+        return 0 if call is None else self._run(call)
 
     def abort(self, reservation_id: int) -> None:
         """Frees a reservation's slots; a no-op for `NO_RESERVATION`."""
-        if reservation_id == NO_RESERVATION:
-            return
-        self._call(self._stub.Abort, pb.AbortRequest(reservation_id=reservation_id))
+        if (call := calls.abort(reservation_id)) is not None:
+            self._run(call)
 
     def put(
         self,
@@ -275,15 +247,8 @@ class Client:
         if dataplane is not None:
             block_bytes = as_transfer_buffer(blocks[0], writable=False).nbytes
             return put_result(dataplane.put(namespace_id, keys, blocks, parents, block_bytes))
-        reserved = self.reserve(namespace_id, keys, parents)
-        if reserved.num_reserved:
-            try:
-                self.write(reserved.reservation_id, blocks_to_write(reserved, blocks))
-                self.commit(reserved.reservation_id)
-            except BaseException:
-                self._abort_quietly(reserved.reservation_id)
-                raise
-        return put_result(reserved)
+        steps = calls.put_steps(namespace_id, keys, blocks, parents, self.chunk_bytes)
+        return calls.drive(steps, self._run)
 
     def put_chain(
         self,
@@ -296,24 +261,18 @@ class Client:
         return self.put(namespace_id, keys, blocks, [parent, *keys[:-1]])
 
     def get(self, namespace_id: bytes, keys: Sequence[bytes]) -> GetResult:
-        """Committed blocks among `keys`; misses are None."""
+        """Committed blocks among `keys` over gRPC; misses are None."""
         assembler = GetAssembler()
         request = pb.GetRequest(namespace_id=namespace_id, keys=keys)
         try:
-            for msg in self._stub.Get(request, timeout=self.timeout_s):
+            for msg in self._stubs["store"].Get(request, timeout=self.timeout_s):
                 assembler.feed(msg)
         except grpc.RpcError as err:
             raise_rpc_error(err)
         return assembler.result()
 
     def remove(self, namespace_id: bytes, keys: Sequence[bytes]) -> int:
-        request = pb.RemoveRequest(namespace_id=namespace_id, keys=keys)
-        return self._call(self._stub.Remove, request).num_removed
+        return self._run(calls.remove(namespace_id, keys))
 
     def stats(self) -> StoreStats:
-        return wire.stats_from_pb(self._call(self._stub.Stats, pb.StatsRequest()))
-
-    def _abort_quietly(self, reservation_id: int) -> None:
-        # Expired or unreachable: the server frees it at the deadline anyway.
-        with contextlib.suppress(errors.KVStoreError):
-            self.abort(reservation_id)
+        return self._run(calls.stats())

@@ -1,4 +1,5 @@
-"""What `Client` and `AsyncClient` share: defaults, result types, error mapping, buffers."""
+"""What `Client` and `AsyncClient` share beside their calls (`calls`) and data planes
+(`data_planes`): defaults, result types, error mapping, buffers, the Get stream's assembly."""
 
 from __future__ import annotations
 
@@ -36,6 +37,13 @@ class GetResult(NamedTuple):
     @property
     def num_found(self) -> int:
         return sum(self.found)
+
+
+def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+    ]
 
 
 def raise_rpc_error(err: grpc.RpcError) -> NoReturn:
