@@ -45,7 +45,7 @@ def _tenants(num_blocks: int = 64, quotas: str = "", tmp_path=None, **kw) -> Ten
 
 def test_two_tenants_with_the_same_model_never_share_a_block():
     tenants = _tenants()
-    a, b = tenants.scope("a"), tenants.scope("b")
+    a, b = TenantScope(tenants, "a"), TenantScope(tenants, "b")
     assert a.register_namespace(NS).namespace_id == NS.id  # the client's id, never internal
     assert b.register_namespace(NS).namespace_id == NS.id
     keys = _chain(4)
@@ -74,8 +74,8 @@ def test_the_internal_id_is_keyed_by_the_secret_and_the_tenant():
 
 def test_a_namespace_only_another_tenant_registered_is_unknown():
     tenants = _tenants()
-    tenants.scope("a").register_namespace(NS)
-    b = tenants.scope("b")
+    TenantScope(tenants, "a").register_namespace(NS)
+    b = TenantScope(tenants, "b")
     for call in (lambda: b.match(NS.id, _chain(1)), lambda: b.reserve(NS.id, _chain(1))):
         with pytest.raises(errors.UnknownNamespaceError):  # NOT_FOUND: nothing tells it apart
             call()
@@ -83,7 +83,7 @@ def test_a_namespace_only_another_tenant_registered_is_unknown():
 
 def test_the_public_tenant_publishes_and_the_others_read_only():
     tenants = _tenants()
-    pub, b = tenants.scope("pub"), tenants.scope("b")
+    pub, b = TenantScope(tenants, "pub"), TenantScope(tenants, "b")
     pub.register_namespace(NS)
     system = _chain(2)
     assert _put(pub, system) == 2
@@ -108,7 +108,7 @@ def test_the_public_tenant_publishes_and_the_others_read_only():
 
 def test_quotas_evict_the_tenants_own_blocks_only(tmp_path):
     tenants = _tenants(64, "a dram=4KiB\nb dram=4KiB\n", tmp_path)  # 16 blocks each of 64
-    a, b = tenants.scope("a"), tenants.scope("b")
+    a, b = TenantScope(tenants, "a"), TenantScope(tenants, "b")
     a.register_namespace(NS)
     b.register_namespace(NS)
     b_keys = _chain(8, seed=1)
@@ -123,7 +123,7 @@ def test_quotas_evict_the_tenants_own_blocks_only(tmp_path):
 
 def test_a_tenant_past_its_quota_with_nothing_to_evict_fails_alone(tmp_path):
     tenants = _tenants(16, "* dram=2KiB\n", tmp_path)
-    a, b = tenants.scope("a"), tenants.scope("b")
+    a, b = TenantScope(tenants, "a"), TenantScope(tenants, "b")
     a.register_namespace(NS)
     b.register_namespace(NS)
     keys = _chain(8)
@@ -163,7 +163,7 @@ def test_ssd_quotas_demote_and_drop_within_the_tenant(tmp_path):
         ssd_bytes=16 * BLOCK,
         background_demotion=False,
     )
-    a, b = tenants.scope("a"), tenants.scope("b")
+    a, b = TenantScope(tenants, "a"), TenantScope(tenants, "b")
     a.register_namespace(NS)
     b.register_namespace(NS)
     b_keys = _chain(4, seed=1)
@@ -181,7 +181,7 @@ def test_ssd_quotas_demote_and_drop_within_the_tenant(tmp_path):
 def test_tenant_namespaces_and_bytes_survive_a_restart(tmp_path):
     kw = {"ssd_path": str(tmp_path / "ssd"), "ssd_bytes": 64 * BLOCK}
     tenants = _tenants(16, "", None, background_demotion=False, **kw)
-    a = tenants.scope("a")
+    a = TenantScope(tenants, "a")
     a.register_namespace(NS)
     keys = _chain(16)
     assert _put(a, keys) == 16  # DRAM full: the commit's inline pass writes some out
@@ -192,14 +192,14 @@ def test_tenant_namespaces_and_bytes_survive_a_restart(tmp_path):
     try:
         assert again.store.tenant_bytes()["ssd"] == {"a": on_ssd * BLOCK}
         with pytest.raises(errors.UnknownNamespaceError):
-            again.scope("b").match(NS.id, keys)
-        lease = again.scope("a").acquire(NS.id, keys)
+            TenantScope(again, "b").match(NS.id, keys)
+        lease = TenantScope(again, "a").acquire(NS.id, keys)
         assert sum(lease.found) == on_ssd
         got = [checksum(bytes(v)) for v in lease.views if v is not None]
         assert got == [
             checksum(_payload(k)) for k, hit in zip(keys, lease.found, strict=True) if hit
         ]
-        again.scope("a").release(lease.lease_id)
+        TenantScope(again, "a").release(lease.lease_id)
     finally:
         again.store.close()
 
@@ -207,7 +207,7 @@ def test_tenant_namespaces_and_bytes_survive_a_restart(tmp_path):
 def test_a_tenant_sees_its_own_stats_and_the_operator_the_node():
     store = Store(StoreConfig(dram_bytes=64 * BLOCK, slab_bytes=4 * BLOCK))
     tenants = Tenants(store, SECRET, TenantRoles(admin_tenant="ops"))
-    a, b = tenants.scope("a"), tenants.scope("b")
+    a, b = TenantScope(tenants, "a"), TenantScope(tenants, "b")
     a.register_namespace(NS)
     b.register_namespace(NS)
     before = b.stats()
@@ -219,13 +219,13 @@ def test_a_tenant_sees_its_own_stats_and_the_operator_the_node():
     assert (mine.num_blocks, mine.num_namespaces, mine.hits, mine.blocks_committed) == (4, 1, 4, 4)
     assert mine.bytes_written == mine.bytes_read == 4 * BLOCK
     assert mine.tiers[0].used_bytes == 4 * BLOCK
-    assert tenants.scope("ops").stats().num_namespaces == 2
+    assert TenantScope(tenants, "ops").stats().num_namespaces == 2
 
 
 def test_namespaces_reservations_and_leases_are_bounded_per_tenant():
     config = StoreConfig(dram_bytes=64 * BLOCK, max_reservations_per_client=2)
     tenants = Tenants(Store(config), SECRET, TenantRoles(max_namespaces_per_tenant=1))
-    a, b = tenants.scope("a"), tenants.scope("b")
+    a, b = TenantScope(tenants, "a"), TenantScope(tenants, "b")
     a.register_namespace(NS)
     other = Namespace("tenant-model-2", NS.layout)
     with pytest.raises(errors.TooManyNamespacesError, match="tenant a"):

@@ -65,7 +65,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         return self.auth.tenant(context.invocation_metadata())  # admitted: known already
 
     def _scope(self, context: grpc.aio.ServicerContext) -> TenantScope:
-        return self.tenants.scope(self._tenant(context))
+        return TenantScope(self.tenants, self._tenant(context))
 
     @_unary
     async def RegisterNamespace(self, request, context):

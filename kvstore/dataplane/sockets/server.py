@@ -30,7 +30,7 @@ from kvstore.dataplane.base import Admission, DataPlaneServer, ServerSettings
 from kvstore.dataplane.connections import Connection, Connections
 from kvstore.dataplane.sockets import messages as socket_messages
 from kvstore.metrics import CallMetrics
-from kvstore.node.tenancy import Tenants
+from kvstore.node.tenancy import Tenants, TenantScope
 from kvstore.store import Store
 
 log = logging.getLogger("kvstore.dataplane")
@@ -99,7 +99,7 @@ class SocketServer(DataPlaneServer):
             raise errors.InvalidArgumentError(
                 f"a {self.plane} client sends no address (it connects)"
             )
-        conn = self._connections.admit(peer, self.tenants.scope(tenant))
+        conn = self._connections.admit(peer, TenantScope(self.tenants, tenant))
         log.info("event=%s_admit client=%d peer=%s", self.plane, conn.client_id, peer)
         return Admission(conn.client_id, conn.tags.secret)
 

@@ -56,7 +56,7 @@ from kvstore.dataplane.ucx.expected_tags import ExpectedTags
 from kvstore.dataplane.ucx.runtime import UcxRuntime, with_deadline
 from kvstore.dataplane.ucx.sweeper import Sweeper, Swept, sweep_forever
 from kvstore.metrics import CallMetrics
-from kvstore.node.tenancy import Tenants
+from kvstore.node.tenancy import Tenants, TenantScope
 from kvstore.results import PutStatus
 from kvstore.store import Store
 
@@ -106,7 +106,7 @@ class UcxServer(DataPlaneServer):
             raise errors.InvalidArgumentError(
                 f"client_address has {len(client_address)} bytes; 1 to {s.max_address_bytes}"
             )
-        conn = self._connections.admit(peer, self.tenants.scope(tenant))
+        conn = self._connections.admit(peer, TenantScope(self.tenants, tenant))
         try:
             self._checker.check(client_address)
             self._rt.call(self._accept(conn, client_address), self.timeout_s)

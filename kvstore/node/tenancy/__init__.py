@@ -2,14 +2,14 @@
 
 - `secret`: the node's tenant secret (a file, kept beside the SSD tier, or per start);
 - `tenant_map`: (tenant, namespace id) -> internal id, the public tenant's rules;
-- `quotas`: per-tenant byte quotas per tier, checked against the tiers' capacity;
 - `tenant_scope`: the store as one tenant sees it (what every RPC and frame goes through);
 - `tenants`: the node's tenants, roles, bounds and per-tenant counters.
 
 Blocks of two tenants never meet: they live under different internal namespace ids, so one
 tenant can neither read, overwrite, remove nor detect (by hit or miss, `Reserve` status,
 stats or timing) what another has cached; with quotas it cannot evict another's blocks
-either, nor make another's put fail.
+either, nor make another's put fail. Per-tenant byte quotas per tier are the store's own
+(`kvstore.store.quotas`), re-exported here for the node's flags.
 """
 
 from kvstore.node.tenancy.secret import load_secret

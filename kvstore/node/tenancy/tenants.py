@@ -1,16 +1,14 @@
 """Tenants: the node's tenant map, its operator and public tenants, the per-tenant bounds,
-and each tenant's own counters; hands out the `TenantScope` a call acts through."""
+and each tenant's own counters. A call acts through a `TenantScope` over them."""
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
 
-from kvstore.auth import ANONYMOUS
 from kvstore.errors import InvalidArgumentError
 from kvstore.keys import Namespace
 from kvstore.node.tenancy.tenant_map import TenantMap
-from kvstore.node.tenancy.tenant_scope import TenantScope
 from kvstore.results import StoreStats
 from kvstore.store import Store
 from kvstore.store.counters import StoreCounters
@@ -50,9 +48,6 @@ class Tenants:
         self.max_namespaces_per_tenant = roles.max_namespaces_per_tenant
         self._lock = threading.Lock()  # gRPC's loop and the data plane's thread count here
         self._counters: dict[str, StoreCounters] = {}
-
-    def scope(self, tenant: str = ANONYMOUS) -> TenantScope:
-        return TenantScope(self, tenant)
 
     def count_read(self, tenant: str, lease: Lease, namespace: Namespace) -> None:
         num_hits = sum(lease.found)
