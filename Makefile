@@ -45,7 +45,7 @@ $(VLLM_BIN)/.installed: pyproject.toml
 
 .PHONY: test-vllm
 test-vllm: $(VLLM_BIN)/.installed
-	KVSTORE_REQUIRE_VLLM=1 $(VLLM_BIN)/pytest -q -m vllm tests/test_vllm_connector.py tests/test_vllm_openai_server.py tests/test_conductor_vllm.py
+	KVSTORE_REQUIRE_VLLM=1 $(VLLM_BIN)/pytest -q -m vllm tests/integrations/vllm tests/conductor/test_vllm.py tests/test_layers.py
 
 # LMCache, the peer of `kvstore-bench vllm`, pins its own grpcio/protobuf: a venv of its own.
 LMCACHE_VENV ?= .venv-lmcache

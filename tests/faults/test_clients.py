@@ -32,13 +32,13 @@ BLOCK = NS.block_bytes
 DRAM_BLOCKS = 48
 LEASED = 24  # 12 MiB: more than gRPC's flow-control window, so an unread stream stalls
 TIMEOUT_S = 2.0  # of reservations and leases, where a test waits for one to expire
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 _CHILD = """
 import sys
 from kvstore.client import Client
 from tests.conftest import open_get_stream
-from tests.test_faults_clients import NS, _chain, _payload
+from tests.faults.test_clients import NS, _chain, _payload
 address, mode = sys.argv[1:]
 keys = _chain(8 if mode == "put" else 24, seed=1)
 client = Client(address, timeout_s=30.0, transport="grpc")

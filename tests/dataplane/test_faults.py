@@ -61,7 +61,7 @@ def test_eight_client_processes_at_once(store_factory):
 _HAMMER = """
 import sys, time, numpy as np
 from kvstore.client import Client
-from tests.test_dataplane_faults import NS, _chain, _block
+from tests.dataplane.test_faults import NS, _chain, _block
 client = Client(sys.argv[1], timeout_s=30.0, transport=sys.argv[3])
 client.register_namespace(NS)
 keys = _chain(32, 50)

@@ -10,7 +10,13 @@ import pytest
 import kvstore.bench.vllm
 from kvstore.bench.suites import SuiteOptions
 from kvstore.bench.vllm_engine import kv_transfer_config
-from kvstore.bench.vllm_systems import SYSTEMS, System
+from kvstore.bench.vllm_systems import ROOT, SYSTEMS, System
+
+
+def test_venvs_are_looked_for_at_the_repository_root():
+    """Where the Makefile builds them; a venv path under the package would read as missing."""
+    assert (ROOT / "Makefile").is_file() and (ROOT / "pyproject.toml").is_file()
+    assert all(s.python.startswith(str(ROOT / s.venv)) for s in SYSTEMS)
 
 
 def test_a_missing_venv_names_the_make_target_that_builds_it():

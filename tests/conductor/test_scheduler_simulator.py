@@ -10,7 +10,7 @@ import pytest
 from kvstore.bench.__main__ import main
 from kvstore.conductor import SLO, CostModel
 from kvstore.conductor.sim.simulator import SimConfig, TraceRequest, simulate
-from tests.test_scheduler_cost_model import UNIT
+from tests.conductor.test_scheduler_cost_model import UNIT
 
 KEYS = {
     "policy",

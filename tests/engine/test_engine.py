@@ -17,7 +17,7 @@ from gpu_engine.engine import Engine, RequestOutput
 from gpu_engine.errors import EngineFailedError, InvalidRequestError
 from gpu_engine.runner import EngineRunner
 from gpu_engine.sampling import MIN_TEMPERATURE, SamplingParams
-from tests.gpu_engine_connectors import DictConnector, FlakyConnector, GatedConnector
+from tests.engine.gpu_engine_connectors import DictConnector, FlakyConnector, GatedConnector
 
 BLOCK = 8
 GREEDY = SamplingParams(max_tokens=6)

@@ -54,8 +54,8 @@ class Front:
 @pytest.fixture(scope="module")
 def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
     # Here, not at the top: these bring torch, which the attacker process has no use for.
-    from tests.test_conductor_live import _ports, _spawn
-    from tests.test_conductor_view import PROFILE
+    from tests.conductor.test_live import _ports, _spawn
+    from tests.conductor.test_view import PROFILE
 
     tmp = tmp_path_factory.mktemp("streams")
     (tmp / "callers").write_text(f"attacker {ATTACKER}\ngood {GOOD}\n")
@@ -79,7 +79,7 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
     assert codes == [0, 0], conductor.log()
 
 
-# --- the attacker: `python -m tests.test_conductor_streams http|grpc HOST:PORT TOKEN N` ---
+# --- the attacker: `python -m tests.conductor.test_streams http|grpc HOST:PORT TOKEN N` ---
 
 
 def _stall_http(address: str, token: str, n: int) -> list[socket.socket]:
@@ -125,7 +125,7 @@ def _attack(argv: list[str]) -> None:
 
 def _attacker(front: Front, kind: str, n: int) -> subprocess.Popen[bytes]:
     address = front.http.removeprefix("http://") if kind == "http" else front.grpc
-    cmd = [sys.executable, "-m", "tests.test_conductor_streams", kind, address, ATTACKER, str(n)]
+    cmd = [sys.executable, "-m", "tests.conductor.test_streams", kind, address, ATTACKER, str(n)]
     return subprocess.Popen(cmd, stdin=subprocess.PIPE)
 
 

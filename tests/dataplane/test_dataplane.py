@@ -217,7 +217,7 @@ def test_closing_a_client_stops_its_worker_cleanly(store):
         "import gc, sys\n"
         "import numpy as np\n"
         "from kvstore.client import Client\n"
-        "from tests.test_dataplane import NS, _chain\n"
+        "from tests.dataplane.test_dataplane import NS, _chain\n"
         "for seed in range(20):\n"
         "    with Client(sys.argv[1], timeout_s=10.0, transport='ucx') as client:\n"
         "        client.register_namespace(NS)\n"

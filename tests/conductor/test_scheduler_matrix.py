@@ -10,8 +10,8 @@ import pytest
 from kvstore.bench import scheduler_matrix as matrix
 from kvstore.bench.__main__ import main
 from kvstore.bench.scheduler_targets import OVERLOAD_ATTAINMENT
-from tests.test_scheduler_cost_model import UNIT
-from tests.test_scheduler_simulator import _trace
+from tests.conductor.test_scheduler_cost_model import UNIT
+from tests.conductor.test_scheduler_simulator import _trace
 
 
 def _cell(speedup: float, policy: str, goodput: float, wasted: int = 0, std: float = 0.1) -> dict:

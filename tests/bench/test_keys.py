@@ -14,7 +14,7 @@ from kvstore.bench.__main__ import build_parser, main
 from kvstore.bench.suites import SUITES
 from tests.conftest import require_extra
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 EXPECTED_FIELDS = {
     "block_tokens",
     "input",

@@ -26,7 +26,7 @@ from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.errors import TooManyStreamsError
 from tests.conftest import free_port, wait_until
-from tests.test_metrics import _scrape, _value
+from tests.node.test_metrics import _scrape, _value
 
 BLOCK = 8
 GREEDY = SamplingParams(max_tokens=5)

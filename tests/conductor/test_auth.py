@@ -9,9 +9,9 @@ import pytest
 
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+from tests.conductor.test_live import _ports, _spawn
+from tests.conductor.test_view import PROFILE
 from tests.conftest import free_port, wait_until
-from tests.test_conductor_live import _ports, _spawn
-from tests.test_conductor_view import PROFILE
 
 CALLER, CONDUCTOR = "token-of-an-api-caller-0001", "token-of-the-conductor-0001"
 

@@ -1,5 +1,5 @@
 """The prefix suite's registration, flags, rows, floor and target ratios (no processes: the
-end-to-end path is covered by tests/test_engine_service.py and by running the suite)."""
+end-to-end path is covered by tests/engine/test_engine_service.py and by running the suite)."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from kvstore.conductor import (
     make_scheduling_policy,
 )
 from kvstore.conductor.view import ClusterView, DecodeView, IncomingSeq, PrefillView, RunningSeq
-from tests.test_scheduler_cost_model import UNIT
+from tests.conductor.test_scheduler_cost_model import UNIT
 
 COST = CostModel(UNIT)
 SLO_ = SLO(ttft_s=5.0, tbt_s=0.1)

@@ -35,8 +35,8 @@ from gpu_engine.sampling import SamplingParams
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.conductor.front.tokenizer import ByteTokenizer
+from tests.conductor.test_view import BLOCK, PROFILE
 from tests.conftest import free_port, start_store, wait_until
-from tests.test_conductor_view import BLOCK, PROFILE
 
 LONG_TOKENS = 400  # a request that keeps decoding while another one is decided
 

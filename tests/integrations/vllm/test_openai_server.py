@@ -19,7 +19,7 @@ from kvstore.bench.vllm_engine import kv_transfer_config  # noqa: E402
 from kvstore.bench.vllm_model import build_model  # noqa: E402
 from kvstore.client import Client  # noqa: E402
 from tests.conftest import free_port, wait_until  # noqa: E402
-from tests.vllm_fixtures import openai_server, prompt_tokens  # noqa: E402
+from tests.integrations.vllm.vllm_fixtures import openai_server, prompt_tokens  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
 

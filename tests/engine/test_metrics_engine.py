@@ -8,7 +8,7 @@ from gpu_engine.engine_client import EngineClient
 from gpu_engine.sampling import SamplingParams
 from gpu_engine.service import EngineServer, EngineServiceConfig
 from tests.conftest import free_port
-from tests.test_metrics import _scrape, _value
+from tests.node.test_metrics import _scrape, _value
 
 GREEDY = SamplingParams(max_tokens=4)
 

@@ -23,7 +23,7 @@ from kvstore.node.server import EmbeddedServer, ServerConfig
 from kvstore.store import Store, StoreConfig
 from tests.conftest import free_port, require_extra, wait_until
 
-DASHBOARD = Path(__file__).parents[1] / "deploy/grafana/kvstore-dashboard.json"
+DASHBOARD = Path(__file__).parents[2] / "deploy/grafana/kvstore-dashboard.json"
 
 NS = Namespace("metrics-model", KVLayout("float16", 4, 2, 64, 16))  # 32 KiB blocks
 UNKNOWN_NS = Namespace("never-registered", KVLayout("float16", 4, 2, 64, 16))

@@ -30,8 +30,8 @@ from gpu_engine.engine_client import EngineClient
 from gpu_engine.sampling import SamplingParams
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.conductor.front.completion import MIN_TEMPERATURE
+from tests.conductor.test_live import Proc, _conductor, _engine, _ports
 from tests.conftest import wait_until
-from tests.test_conductor_live import Proc, _conductor, _engine, _ports
 
 COMPLETE = "/kvstore.v1.Conductor/Complete"  # kvstore_pb2_grpc.ConductorStub
 TINY = MODEL_PRESETS["tiny"]

@@ -3,8 +3,8 @@ kvstore connector against a real store: the conductor streams vLLM's own greedy 
 passes on its cached-token count for a repeated prompt, and refuses a request over its TTFT
 SLO with 429 before vLLM sees it.
 
-Needs vLLM: run in .venv-vllm (``.venv-vllm/bin/pytest -m vllm tests/test_conductor_vllm.py``);
-elsewhere it is skipped, as tests/test_vllm_connector.py is.
+Needs vLLM: run in .venv-vllm (``.venv-vllm/bin/pytest -m vllm tests/conductor/test_vllm.py``);
+elsewhere it is skipped, as tests/integrations/vllm/test_connector.py is.
 """
 
 from __future__ import annotations

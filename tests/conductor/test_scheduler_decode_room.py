@@ -20,8 +20,8 @@ from kvstore.conductor import (
 from kvstore.conductor.decode_load import DecodeLoad, DecodeLoadPredictor
 from kvstore.conductor.output_len import OutputLenEstimator
 from kvstore.conductor.view import IncomingSeq, RunningSeq
-from tests.test_scheduler_cost_model import UNIT
-from tests.test_scheduler_policies import _Decode, _Prefill, _View
+from tests.conductor.test_scheduler_cost_model import UNIT
+from tests.conductor.test_scheduler_policies import _Decode, _Prefill, _View
 
 
 class _Queue(_Decode):

@@ -20,7 +20,7 @@ from kvstore.keys import KVLayout, Namespace, block_keys
 from kvstore.node.server import EmbeddedServer, ServerConfig
 from kvstore.store import StoreConfig
 from tests.conftest import free_port
-from tests.vllm_fixtures import corrupt_ssd_blocks, prompt_tokens, run_vllm
+from tests.integrations.vllm.vllm_fixtures import corrupt_ssd_blocks, prompt_tokens, run_vllm
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1800)]
 
