@@ -1,7 +1,8 @@
 """A short prefix-reuse demo against a live store: users sharing a system prompt, two rounds.
 
 Each request hashes its prompt into block keys, matches them, loads the hit blocks (over
-the UCX data plane when it is installed, else gRPC) straight into arrays, and
+the data plane the client picked: shared memory on the node's host, else TCP or UCX, else
+gRPC) straight into arrays, and
 "computes" the rest (synthetic KV bytes derived from the key, standing in for prefill),
 then publishes the new blocks. Every loaded block is checked against the bytes that were
 stored for its key.
@@ -47,6 +48,7 @@ class RequestReport(NamedTuple):
     load_ms: float
     store_ms: float
     is_intact: bool
+    plane: str  # the path the loaded blocks took ("shm", "ucx", "tcp", "grpc"); "" if none
 
 
 def synthetic_block(key: bytes, nbytes: int) -> np.ndarray:
@@ -77,6 +79,7 @@ def _serve_request(client: Client, name: str, tokens: list[int]) -> RequestRepor
     loaded = [np.empty(ns.block_bytes, np.uint8) for _ in range(num_hit)]
     found = client.get_into(ns.id, keys[:num_hit], loaded) if num_hit else ()
     t2 = time.perf_counter()
+    plane = client.plane if num_hit else ""
     is_intact = all(found) and all(
         np.array_equal(b, synthetic_block(k, ns.block_bytes))
         for k, b in zip(keys, loaded, strict=False)
@@ -97,6 +100,7 @@ def _serve_request(client: Client, name: str, tokens: list[int]) -> RequestRepor
         (t2 - t1) * 1e3,
         (t3 - t2) * 1e3,
         is_intact,
+        plane,
     )
 
 
@@ -111,7 +115,7 @@ def run_demo(address: str, config: DemoConfig, console: Console) -> list[Request
             for name, tokens in track(prompts, description="requests", console=console)
         ]
         stats = client.stats()
-        transport = "grpc" if client.data_plane() is None else "UCX"
+    planes = ", ".join(sorted({r.plane for r in reports if r.plane})) or "none"
     console.print(_table(reports))
     total_blocks = sum(r.num_blocks for r in reports)
     hit_blocks = sum(r.num_hit_blocks for r in reports)
@@ -120,7 +124,7 @@ def run_demo(address: str, config: DemoConfig, console: Console) -> list[Request
     console.print(
         f"hit blocks {hit_blocks}/{total_blocks} ({hit_blocks / total_blocks:.1%}); "
         f"loaded {loaded / 2**20:.1f} MiB in {load_s * 1e3:.1f} ms "
-        f"({loaded / max(load_s, 1e-9) / 1e9:.2f} GB/s over {transport})\n"
+        f"({loaded / max(load_s, 1e-9) / 1e9:.2f} GB/s over {planes})\n"
         f"stored {sum(r.bytes_stored for r in reports) / 2**20:.1f} MiB; "
         f"store holds {stats.num_blocks} blocks, {stats.evictions} evictions\n"
         f"all loaded blocks intact: {all(r.is_intact for r in reports)}"

@@ -19,3 +19,4 @@ def test_demo_reuses_the_shared_prefix_and_returns_intact_blocks():
     # prompt, round 1 the user's whole round-0 prompt (37 blocks).
     assert "hit blocks 106/162" in text
     assert "all loaded blocks intact: True" in text
+    assert "GB/s over shm)" in text  # the plane that moved the bytes: the node is on this host
