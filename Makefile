@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint format proto
+.PHONY: demo test lint format proto docs
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +16,7 @@ demo: $(BIN)/.installed
 
 # KVSTORE_REQUIRE_EXTRAS: a test whose extra (ucxx, torch, safetensors, matplotlib) is missing
 # fails instead of skipping, as the vLLM tests do under test-vllm.
-test: $(BIN)/.installed lint
+test: $(BIN)/.installed lint docs
 	KVSTORE_REQUIRE_EXTRAS=1 $(BIN)/pytest -q
 	$(MAKE) test-vllm
 
@@ -24,6 +24,11 @@ lint: $(BIN)/.installed
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+
+# The documentation site (mkdocs.yml, docs/), with every warning an error: a broken link or
+# anchor fails the build. SITE_DIR=PATH builds it elsewhere.
+docs: $(BIN)/.installed
+	$(BIN)/mkdocs build --strict --site-dir $(or $(SITE_DIR),build/site)
 
 format: $(BIN)/.installed
 	$(BIN)/ruff format .
