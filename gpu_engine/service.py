@@ -49,9 +49,9 @@ from gpu_engine.runner import EngineRunner
 from gpu_engine.sampling import SamplingParams
 from kvstore import errors, grpc_service
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore.auth import ListenerSecurity
+from kvstore.auth import ListenerSecurity, add_port, check_listener, read_tokens
 from kvstore.bounds import BoundsCollector, StreamSettings, StreamSlots
-from kvstore.config import option
+from kvstore.config import option, table
 from kvstore.metrics import EngineMetrics, MetricsExporter
 
 logger = logging.getLogger(__name__)
@@ -60,15 +60,14 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class EngineServiceConfig(StreamSettings, ListenerSecurity):
-    """Where the engine listens (from `ListenerSecurity`, who may call it; from
-    `StreamSettings`, how many Generate streams it serves at once)."""
+class EngineServiceConfig:
+    """Where the engine listens; `security`: who may call it; `streams`: how many Generate
+    streams it serves at once."""
 
+    security: ListenerSecurity = table(ListenerSecurity)
     # One conductor is usually an engine's only client: half of max_streams leaves room
     # for a second one (the store's default, 32, would refuse a busy conductor).
-    max_streams_per_client: int = option(
-        128, "most Generate streams one client keeps open (TooManyStreamsError past it)"
-    )
+    streams: StreamSettings = table(StreamSettings, max_streams_per_client=128)
     host: str = option("127.0.0.1", "address to listen on")
     port: int = option(50061, "gRPC port of the EngineService; 0 picks a free one")
     grace_s: float = option(5.0, "on SIGTERM, how long running streams may finish")
@@ -78,8 +77,6 @@ class EngineServiceConfig(StreamSettings, ListenerSecurity):
         for name in ("port", "metrics_port"):
             if not 0 <= getattr(self, name) < 65536:
                 raise errors.InvalidArgumentError(f"{name} must be in [0, 65536)")
-        self.check_security()
-        self.stream_limits  # noqa: B018 -- checks the stream rows
 
     @property
     def address(self) -> str:
@@ -227,8 +224,8 @@ class EngineServer:
         self.config = config
         self.connector = StoreConnector(connector_config) if connector_config.store else None
         self.runner = EngineRunner(Engine(engine_config, self.connector), self.connector)
-        self.streams = StreamSlots(config.stream_limits, "engine")
-        self._auth = config.authenticator()
+        self.streams = StreamSlots(config.streams.limits, "engine")
+        self._auth = read_tokens(config.security)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="engine-grpc", daemon=True
@@ -260,7 +257,7 @@ class EngineServer:
         server = grpc.aio.server()  # bound to this loop: made on it
         servicer = EngineServicer(self.runner, self._metrics)
         grpc_service.register(server, servicer, SERVICE, pb, auth=self._auth, streams=self.streams)
-        port = self.config.add_port(server, self.config.address)
+        port = add_port(server, self.config.address, self.config.security)
         await server.start()
         return server, port
 
@@ -303,7 +300,7 @@ def serve_engine(
     config: EngineServiceConfig,
 ) -> None:
     """Runs an engine process until SIGTERM or SIGINT, then lets streams finish and exits."""
-    config.check_exposure(config.host)
+    check_listener(config.security, config.host)
     server = EngineServer(engine_config, connector_config, config).start()
     logger.info(
         "event=engine_serving address=%s model=%s store=%s",

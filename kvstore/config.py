@@ -4,12 +4,18 @@ A component's config is a frozen dataclass whose fields carry `help` (and, where
 form needs it, `parse`) in their metadata. From that one table come the `--flag` of each
 field, its `KVSTORE_FIELD` environment variable and its key in the config file, so
 defaults and docs cannot drift. Precedence: flag, then environment, then file, then default.
+
+A table may hold another one whole (`table`: the listener's security, a server's stream
+bounds): its fields stay flags, variables and keys of their own (`--tls-cert`, not
+nested), and the holder may change their defaults. Config classes are plain data: they
+check their values and read no file, bind no port.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import re
 import tomllib
 from collections.abc import Callable, Mapping
@@ -84,6 +90,13 @@ def option(default: Any, help: str, parse: Callable[[Any], Any] | None = None) -
     return dataclasses.field(default=default, metadata={"help": help, "parse": parse})
 
 
+def table(cls: type, **defaults: Any) -> Any:
+    """A config field holding component table `cls` whole, with `defaults` changed."""
+    return dataclasses.field(
+        default_factory=functools.partial(cls, **defaults), metadata={"table": cls}
+    )
+
+
 def _parser_of(f: dataclasses.Field) -> Callable[[Any], Any]:
     parse = f.metadata.get("parse")
     if parse is not None:
@@ -96,13 +109,18 @@ def _parser_of(f: dataclasses.Field) -> Callable[[Any], Any]:
     return parsers.get(str(f.type), str)
 
 
-def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
-    """Adds one `--field-name` flag per field of config class `cls`."""
+def add_arguments(parser: argparse.ArgumentParser, cls: type, defaults: Any = None) -> None:
+    """Adds one `--field-name` flag per field of config class `cls` (and of the tables it
+    holds); `defaults`: an instance whose values are the defaults shown."""
     group = parser.add_argument_group(cls.__name__)
     for f in dataclasses.fields(cls):
+        if "table" in f.metadata:
+            add_arguments(parser, f.metadata["table"], f.default_factory())  # type: ignore[misc,operator]
+            continue
         flag = "--" + f.name.replace("_", "-")
         env = ENV_PREFIX + f.name.upper()
-        help_text = f"{f.metadata.get('help', '')} [env {env}; default {f.default}]"
+        default = f.default if defaults is None else getattr(defaults, f.name)
+        help_text = f"{f.metadata.get('help', '')} [env {env}; default {default}]"
         # A boolean flag alone means true (`--insecure`); `--insecure false` still works.
         extra: dict[str, Any] = {"nargs": "?", "const": "true"} if str(f.type) == "bool" else {}
         group.add_argument(
@@ -123,10 +141,16 @@ def build(
     args: argparse.Namespace | None = None,
     env: Mapping[str, str] | None = None,
     file_values: Mapping[str, Any] | None = None,
+    defaults: C | None = None,
 ) -> C:
-    """An instance of config class `cls` from flags, environment and file values."""
-    values = {}
+    """An instance of config class `cls` from flags, environment and file values; those
+    not given keep their default (`defaults`' value, where given)."""
+    values: dict[str, Any] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if "table" in f.metadata:
+            held = f.default_factory()  # type: ignore[misc,operator]
+            values[f.name] = build(f.metadata["table"], args, env, file_values, held)
+            continue
         raw = getattr(args, f.name, None) if args is not None else None
         if raw is None and env is not None:
             raw = env.get(ENV_PREFIX + f.name.upper())
@@ -137,4 +161,6 @@ def build(
                 values[f.name] = _parser_of(f)(raw)
             except (TypeError, ValueError) as exc:
                 raise InvalidArgumentError(f"{f.name}: {exc}") from exc
+    if defaults is not None:
+        return dataclasses.replace(defaults, **values)  # type: ignore[type-var]
     return cls(**values)

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from kvstore import config as cfg
+from kvstore.bounds import StreamSettings
 from kvstore.errors import InvalidArgumentError
 from kvstore.node.server import ServerConfig
 from kvstore.store import StoreConfig
@@ -270,22 +271,48 @@ def test_file_keys_that_are_no_field_are_ignored(tmp_path: Path) -> None:
 # --- flags and help -----------------------------------------------------------------------------
 
 
+def _rows(cls: type, held: Any = None) -> list[tuple[type, dataclasses.Field, Any]]:
+    """(class, field, default shown) of every flag of `cls`, the tables it holds included."""
+    rows = []
+    for f in dataclasses.fields(cls):
+        if "table" in f.metadata:
+            rows += _rows(f.metadata["table"], f.default_factory())  # type: ignore[misc]
+        else:
+            rows.append((cls, f, f.default if held is None else getattr(held, f.name)))
+    return rows
+
+
 def _all_fields() -> list[tuple[type, dataclasses.Field]]:
-    return [(cls, f) for cls in CONFIG_CLASSES for f in dataclasses.fields(cls)]
+    return [(cls, f) for c in CONFIG_CLASSES for cls, f, _ in _rows(c)]
 
 
-@pytest.mark.parametrize(("cls", "field"), _all_fields(), ids=[f.name for _, f in _all_fields()])
+ROWS = [row for c in CONFIG_CLASSES for row in _rows(c)]
+
+
+@pytest.mark.parametrize(("cls", "field", "default"), ROWS, ids=[f.name for _, f, _ in ROWS])
 def test_every_field_has_a_flag_with_help(
-    monkeypatch: pytest.MonkeyPatch, cls: type, field: dataclasses.Field
+    monkeypatch: pytest.MonkeyPatch, cls: type, field: dataclasses.Field, default: Any
 ) -> None:
     monkeypatch.setenv("COLUMNS", "400")  # one line per option: no wrapping inside the help
     help_text = " ".join(_make_parser().format_help().split())
     flag, env = "--" + field.name.replace("_", "-"), "KVSTORE_" + field.name.upper()
     assert field.metadata["help"]
     metavar = f"[{field.name.upper()}]" if field.type == "bool" else field.name.upper()
-    expected = f"{flag} {metavar} {field.metadata['help']} [env {env}; default {field.default}]"
+    expected = f"{flag} {metavar} {field.metadata['help']} [env {env}; default {default}]"
     assert expected in help_text
     assert f"{cls.__name__}:" in help_text  # one argument group per config class
+
+
+def test_a_held_table_shows_and_builds_its_holders_defaults() -> None:
+    """ServerConfig holds StreamSettings with 16 per client: --help says so, and so does
+    a config built from no source; a flag still sets it."""
+    assert StreamSettings().max_streams_per_client != 16
+    assert cfg.build(ServerConfig).streams.max_streams_per_client == 16
+    parser = argparse.ArgumentParser()
+    cfg.add_arguments(parser, ServerConfig)
+    assert "default 16]" in " ".join(parser.format_help().split())
+    built = cfg.build(ServerConfig, parser.parse_args(["--max-streams-per-client", "3"]))
+    assert built.streams == StreamSettings(max_streams_per_client=3, max_streams=64)
 
 
 def test_help_lists_exactly_the_config_fields(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -316,9 +343,9 @@ def test_a_boolean_flag_alone_means_true_and_takes_a_value_too() -> None:
 @pytest.mark.parametrize(
     "bad",
     [
-        {"max_streams_per_client": 0},
-        {"max_streams_per_client": 65, "max_streams": 64},
-        {"stream_stall_timeout_s": 0.0},
+        {"streams": {"max_streams_per_client": 0}},
+        {"streams": {"max_streams_per_client": 65, "max_streams": 64}},
+        {"streams": {"stream_stall_timeout_s": 0.0}},
         {"max_unproven_sockets_per_peer": 0},
         {"max_unproven_sockets_per_peer": 300, "max_unproven_sockets": 256},
         {"max_calls_per_connection": 0},
@@ -326,4 +353,5 @@ def test_a_boolean_flag_alone_means_true_and_takes_a_value_too() -> None:
 )
 def test_the_bounds_of_hostile_clients_are_checked(bad: dict[str, Any]) -> None:
     with pytest.raises(InvalidArgumentError):
-        ServerConfig(**bad)
+        tables = {"streams": StreamSettings}
+        ServerConfig(**{k: tables[k](**v) if k in tables else v for k, v in bad.items()})

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from kvstore import cli
+from kvstore.auth import check_listener
 from kvstore.client import Client
 from kvstore.keys import KVLayout, Namespace, block_keys
 from tests.conftest import free_port
@@ -56,8 +57,8 @@ def test_dockerfile_command_is_a_node_that_starts_exposed_with_tokens():
     assert entry and command
     assert yaml.safe_load(entry.group(1)) == ["kvstore", "serve"]
     store, server = _serve_configs(yaml.safe_load(command.group(1)))
-    server.check_exposure(server.host)  # every interface: allowed because tokens are on
-    assert server.auth_token_file and store.ssd_path.startswith("/data")
+    check_listener(server.security, server.host)  # every interface: allowed with tokens on
+    assert server.security.auth_token_file and store.ssd_path.startswith("/data")
     exposed = {int(p) for p in re.search(r"^EXPOSE (.*)$", text, re.M).group(1).split()}
     assert exposed == {server.port, server.dataplane_tcp_port, server.metrics_port}
 
@@ -71,7 +72,7 @@ def test_manifests_pass_the_kubernetes_schemas(doc):
 def test_statefulset_runs_the_node_its_probes_service_and_scrape_expect():
     container = _container()
     store, server = _serve_configs(container["args"])
-    server.check_exposure(server.host)
+    check_listener(server.security, server.host)
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {
         "grpc": server.port,
@@ -86,7 +87,7 @@ def test_statefulset_runs_the_node_its_probes_service_and_scrape_expect():
     assert int(annotations["prometheus.io/port"]) == server.metrics_port
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert store.ssd_path.startswith(mounts["ssd"] + "/")
-    assert server.auth_token_file.startswith(mounts["tokens"] + "/")
+    assert server.security.auth_token_file.startswith(mounts["tokens"] + "/")
     claims = [c["metadata"]["name"] for c in workload["spec"]["volumeClaimTemplates"]]
     assert claims == ["ssd"]
     [service] = [d for d in _manifests() if d["kind"] == "Service"]

@@ -6,7 +6,7 @@ from kvstore.auth.authenticator import ANONYMOUS, Authenticator
 from kvstore.auth.channels import open_aio_channel, open_channel, read_token_file
 from kvstore.auth.exposure import check_exposure, is_loopback
 from kvstore.auth.interceptor import TokenInterceptor
-from kvstore.auth.listener import ListenerSecurity
+from kvstore.auth.listener import ListenerSecurity, add_port, check_listener, read_tokens
 from kvstore.auth.tls import server_credentials
 from kvstore.auth.tokens import TokenTable
 
@@ -16,10 +16,13 @@ __all__ = [
     "ListenerSecurity",
     "TokenInterceptor",
     "TokenTable",
+    "add_port",
     "check_exposure",
+    "check_listener",
     "is_loopback",
     "open_aio_channel",
     "open_channel",
     "read_token_file",
+    "read_tokens",
     "server_credentials",
 ]

@@ -1,5 +1,6 @@
 """The security settings of anything that listens (store, engine, conductor): one set of
-flags, one way to bind a port, one rule on where a service may listen without them."""
+flags, and the three things a service does with them as it starts: read its tokens, bind
+its port, and refuse to listen beyond loopback without them."""
 
 from __future__ import annotations
 
@@ -16,8 +17,7 @@ from kvstore.errors import InvalidArgumentError
 
 @dataclass(frozen=True)
 class ListenerSecurity:
-    """Tokens and TLS of a listening service; a service's config class inherits these fields
-    (so they become its flags) and calls `check_security` from its `__post_init__`."""
+    """Tokens and TLS of a listening service: a table its config holds (`config.table`)."""
 
     auth_token_file: str = option("", "file of 'TENANT TOKEN' lines; calls need a known token")
     tls_cert: str = option("", "PEM certificate chain: serve gRPC over TLS")
@@ -25,25 +25,30 @@ class ListenerSecurity:
     tls_client_ca: str = option("", "PEM CA that client certificates must chain to (mutual TLS)")
     insecure: bool = option(False, "allow a non-loopback --host without --auth-token-file")
 
-    def check_security(self) -> None:
+    def __post_init__(self) -> None:
         if bool(self.tls_cert) != bool(self.tls_key):
             raise InvalidArgumentError("--tls-cert and --tls-key go together")
         if self.tls_client_ca and not self.tls_cert:
             raise InvalidArgumentError("--tls-client-ca needs --tls-cert and --tls-key")
 
-    def authenticator(self) -> Authenticator:
-        """Reads --auth-token-file (InvalidArgumentError naming what is wrong with it)."""
-        table = TokenTable.load(self.auth_token_file) if self.auth_token_file else None
-        return Authenticator(table)
 
-    def check_exposure(self, host: str) -> None:
-        """Refuses a non-loopback `host` without authentication unless --insecure."""
-        check_exposure(host, bool(self.auth_token_file), bool(self.tls_cert), self.insecure)
+def read_tokens(security: ListenerSecurity) -> Authenticator:
+    """Reads --auth-token-file, once per start (InvalidArgumentError naming what is wrong
+    with it); without one, every call is anonymous."""
+    table = TokenTable.load(security.auth_token_file) if security.auth_token_file else None
+    return Authenticator(table)
 
-    def add_port(self, server: Any, address: str) -> int:
-        """Binds `address` on a grpc or grpc.aio server, with TLS when a certificate is
-        given; returns the port."""
-        if not self.tls_cert:
-            return int(server.add_insecure_port(address))
-        creds = server_credentials(self.tls_cert, self.tls_key, self.tls_client_ca)
-        return int(server.add_secure_port(address, creds))
+
+def check_listener(security: ListenerSecurity, host: str) -> None:
+    """Refuses a non-loopback `host` without authentication unless --insecure."""
+    has_auth, has_tls = bool(security.auth_token_file), bool(security.tls_cert)
+    check_exposure(host, has_auth, has_tls, security.insecure)
+
+
+def add_port(server: Any, address: str, security: ListenerSecurity) -> int:
+    """Binds `address` on a grpc or grpc.aio server, with TLS when a certificate is given;
+    returns the port."""
+    if not security.tls_cert:
+        return int(server.add_insecure_port(address))
+    creds = server_credentials(security.tls_cert, security.tls_key, security.tls_client_ca)
+    return int(server.add_secure_port(address, creds))

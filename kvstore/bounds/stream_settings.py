@@ -1,5 +1,5 @@
-"""The config-table rows of a server's response streams (`StreamLimits`), shared by every
-server that streams responses: the store node, the conductor and the engine."""
+"""The config table of a server's response streams (`StreamLimits`), held by every server
+that streams responses: the store node, the conductor and the engine."""
 
 from __future__ import annotations
 
@@ -22,8 +22,11 @@ class StreamSettings:
         30.0, "a response stream whose reader takes nothing for this long is ended"
     )
 
+    def __post_init__(self) -> None:
+        self.limits  # noqa: B018 -- checks the rows
+
     @property
-    def stream_limits(self) -> StreamLimits:
+    def limits(self) -> StreamLimits:
         """The rows above, checked (InvalidArgumentError)."""
         return StreamLimits(
             self.max_streams_per_client, self.max_streams, self.stream_stall_timeout_s

@@ -22,32 +22,30 @@ from grpc_health.v1 import health, health_pb2
 from prometheus_client import CollectorRegistry
 
 from kvstore import grpc_service, wire
-from kvstore.auth import ListenerSecurity
+from kvstore.auth import Authenticator, ListenerSecurity, add_port, check_listener, read_tokens
 from kvstore.bounds import BoundsCollector, StreamSettings, StreamSlots
-from kvstore.config import option, parse_bytes
+from kvstore.config import option, parse_bytes, table
 from kvstore.dataplane.base import DataPlaneServer
 from kvstore.errors import InvalidArgumentError
 from kvstore.metrics import CallMetrics, MetricsExporter, StoreCollector
 from kvstore.node.servicer import KVStoreServicer
 from kvstore.node.tenancy import Tenants
-from kvstore.node.tenancy.settings import TenancySettings
+from kvstore.node.tenancy.settings import TenancySettings, load_quotas, make_tenants
 from kvstore.store import Clock, Store, StoreConfig
 
 log = logging.getLogger("kvstore.node.server")
 
 
 @dataclass(frozen=True)
-class ServerConfig(StreamSettings, TenancySettings, ListenerSecurity):
-    """Where and how the gRPC service listens (from `ListenerSecurity`, who may call; from
-    `TenancySettings`, what tenants may see and hold; from `StreamSettings`, how many
-    response streams stay open)."""
+class ServerConfig:
+    """Where and how the gRPC service listens; `security`: who may call; `tenancy`: what
+    tenants may see and hold; `streams`: how many response streams stay open."""
 
+    security: ListenerSecurity = table(ListenerSecurity)
+    tenancy: TenancySettings = table(TenancySettings)
     # A stalled Get stream holds about 3.5 x chunk_bytes (its message, serialized, and the
     # transport's copy): about 56 MiB per client and 224 MiB in all with these defaults.
-    max_streams_per_client: int = option(
-        16, "most response streams one client keeps open (TooManyStreamsError past it)"
-    )
-    max_streams: int = option(64, "most response streams open in all (TooManyStreamsError)")
+    streams: StreamSettings = table(StreamSettings, max_streams_per_client=16, max_streams=64)
     host: str = option("127.0.0.1", "address to listen on")
     port: int = option(50051, "gRPC port (0 picks a free one)")
     max_message_bytes: int = option(8 << 20, "largest gRPC message accepted or sent", parse_bytes)
@@ -118,9 +116,6 @@ class ServerConfig(StreamSettings, TenancySettings, ListenerSecurity):
             raise InvalidArgumentError("data-plane timeouts must be positive")
         if not 0 < self.chunk_bytes < self.max_message_bytes:
             raise InvalidArgumentError("chunk_bytes must be positive and below max_message_bytes")
-        self.check_security()
-        self.check_tenancy()
-        self.stream_limits  # noqa: B018 -- checks the stream rows
 
     @property
     def address(self) -> str:
@@ -209,14 +204,15 @@ async def start_server(
     metrics: CallMetrics | None = None,
     tenants: Tenants | None = None,
     streams: StreamSlots | None = None,
+    auth: Authenticator | None = None,
 ) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
     """Starts the service for `store` (its `tenants`: none by default; `streams`: the slots of
-    its response streams, from `config` by default); returns the server, its health
-    servicer and port."""
+    its response streams, from `config` by default; `auth`: the tokens read as the node
+    started, read here if not); returns the server, its health servicer and port."""
     server = grpc.aio.server(options=config.grpc_options)
-    auth = config.authenticator()
+    auth = auth or read_tokens(config.security)
     if streams is None:
-        streams = StreamSlots(config.stream_limits, "kvstore")
+        streams = StreamSlots(config.streams.limits, "kvstore")
     servicer = KVStoreServicer(store, config.chunk_bytes, dataplanes or {}, tenants, auth)
     # Malformed requests: INVALID_ARGUMENT; without a known token: UNAUTHENTICATED.
     grpc_service.register(server, servicer, metrics=metrics, auth=auth, streams=streams)
@@ -225,7 +221,7 @@ async def start_server(
     # Health stays open: probes carry no tokens, and it tells nothing about any namespace.
     # Its Watch streams count in the same slots, by peer.
     grpc_service.register(server, health_servicer, health_service, health_pb2, streams=streams)
-    port = config.add_port(server, config.address)
+    port = add_port(server, config.address, config.security)
     await server.start()
     for service in ("", wire.SERVICE_NAME):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
@@ -233,14 +229,16 @@ async def start_server(
 
 
 def make_store(
-    store_config: StoreConfig, config: ServerConfig, clock: Clock = time.monotonic
+    store_config: StoreConfig,
+    config: ServerConfig,
+    auth: Authenticator,
+    clock: Clock = time.monotonic,
 ) -> tuple[Store, Tenants]:
     """The node's store, with the quotas of its tenants, and its tenants (closing the store
     if they are refused: quotas over a tier, a role without a token)."""
-    auth = config.authenticator()
-    store = Store(store_config, clock=clock, quotas=config.load_quotas(auth))
+    store = Store(store_config, clock=clock, quotas=load_quotas(config.tenancy, auth))
     try:
-        return store, config.make_tenants(store, auth)
+        return store, make_tenants(config.tenancy, store, auth)
     except BaseException:
         store.close()
         raise
@@ -248,15 +246,16 @@ def make_store(
 
 async def serve(store_config: StoreConfig, config: ServerConfig) -> None:
     """Runs a store node until SIGTERM or SIGINT, then drains in-flight calls and exits."""
-    config.check_exposure(config.host)
-    store, tenants = make_store(store_config, config)
-    streams = StreamSlots(config.stream_limits, "kvstore")
+    check_listener(config.security, config.host)
+    auth = read_tokens(config.security)  # once: the store's quotas and every call use it
+    store, tenants = make_store(store_config, config, auth)
+    streams = StreamSlots(config.streams.limits, "kvstore")
     bounds = BoundsCollector([streams])
     metrics = start_metrics(store, config, bounds)
     call_metrics = metrics[0] if metrics else None
     dataplanes = make_dataplanes(store, config, call_metrics, tenants)
     _watch_sockets(bounds, dataplanes)
-    started = await start_server(store, config, dataplanes, call_metrics, tenants, streams)
+    started = await start_server(store, config, dataplanes, call_metrics, tenants, streams, auth)
     server, health_servicer, port = started
     log.info(
         "event=serving address=%s:%d dram_bytes=%d policy=%s",
@@ -303,13 +302,14 @@ class EmbeddedServer:
         clock: Clock = time.monotonic,
     ) -> None:
         self.config = config or ServerConfig(port=0)
-        self.store, self.tenants = make_store(store_config, self.config, clock)
+        self.auth = read_tokens(self.config.security)
+        self.store, self.tenants = make_store(store_config, self.config, self.auth, clock)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: grpc.aio.Server | None = None
         self.dataplanes: dict[str, DataPlaneServer] = {}  # by transport, while started
         self._metrics: tuple[CallMetrics, MetricsExporter] | None = None
-        self.streams = StreamSlots(self.config.stream_limits, "kvstore")
+        self.streams = StreamSlots(self.config.streams.limits, "kvstore")
         self.port = 0
 
     @property
@@ -336,6 +336,7 @@ class EmbeddedServer:
                 call_metrics,
                 self.tenants,
                 self.streams,
+                self.auth,
             ),
             self._loop,
         )

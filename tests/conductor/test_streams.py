@@ -28,9 +28,12 @@ import grpc
 import openai
 import pytest
 
+from kvstore import cli
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.bounds import StreamSettings
 from kvstore.conductor.front.config import ConductorConfig
+from kvstore.config import build
 from kvstore.errors import InvalidArgumentError
 from tests.conftest import free_port, wait_until
 
@@ -268,9 +271,12 @@ def test_stalled_grpc_streams_are_ended_and_their_tenant_held_to_its_bound(front
 
 def test_stream_limits_are_checked():
     with pytest.raises(InvalidArgumentError, match="max_streams_per_client"):
-        ConductorConfig(engines="127.0.0.1:1", max_streams_per_client=4, max_streams=3)
+        StreamSettings(max_streams_per_client=4, max_streams=3)
     with pytest.raises(InvalidArgumentError, match="stream_stall_timeout_s"):
-        ConductorConfig(engines="127.0.0.1:1", stream_stall_timeout_s=0)
+        StreamSettings(stream_stall_timeout_s=0)
+    args = cli.build_parser().parse_args(["conductor", "--engines", "127.0.0.1:1"])
+    with pytest.raises(InvalidArgumentError, match="max_streams_per_client"):
+        build(ConductorConfig, args, {"KVSTORE_MAX_STREAMS_PER_CLIENT": "300"})
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from kvstore import errors
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.auth import ListenerSecurity
 from kvstore.checksum import checksum
 from kvstore.client import Client
 from kvstore.dataplane import frames
@@ -549,7 +550,9 @@ def test_a_client_on_another_host_moves_its_blocks_over_tcp(other_host, dataplan
     and, on a host with no RDMA device (this one), takes the TCP plane over UCX even where
     the node runs both ("auto"); the node holds exactly the bytes it sent."""
     host, netns = other_host
-    config = ServerConfig(host=host, port=0, dataplane=dataplane, insecure=True)
+    config = ServerConfig(
+        host=host, port=0, dataplane=dataplane, security=ListenerSecurity(insecure=True)
+    )
     store = StoreConfig(dram_bytes=64 << 20, slab_bytes=1 << 20, max_batch_keys=64)
     with EmbeddedServer(store, config) as server:
         env = {**os.environ, "PYTHONPATH": os.getcwd()}

@@ -11,6 +11,7 @@ from gpu_engine.engine_client import EngineClient
 from gpu_engine.sampling import SamplingParams
 from gpu_engine.service import EngineServer, EngineServiceConfig
 from kvstore import errors
+from kvstore.auth import ListenerSecurity
 from kvstore.client import Client
 from tests.conftest import wait_until
 
@@ -30,7 +31,9 @@ def tokens(tmp_path):
 
 def test_the_engine_service_needs_a_known_token(tokens):
     engine_table, _, _ = tokens
-    service = EngineServiceConfig(port=0, auth_token_file=str(engine_table))
+    service = EngineServiceConfig(
+        port=0, security=ListenerSecurity(auth_token_file=str(engine_table))
+    )
     with EngineServer(EngineConfig(), StoreConnectorConfig(), service) as server:
         with EngineClient(server.address, auth_token=ENGINE_TOKEN) as client:
             assert len(client.generate(PROMPT, GREEDY).output_token_ids) == 4

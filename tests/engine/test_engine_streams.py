@@ -24,6 +24,7 @@ from gpu_engine.sampling import SamplingParams
 from gpu_engine.service import EngineServer, EngineServiceConfig
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.bounds import StreamSettings
 from kvstore.errors import TooManyStreamsError
 from tests.conftest import free_port, wait_until
 from tests.node.test_metrics import _scrape, _value
@@ -85,13 +86,10 @@ def _idle(server: EngineServer) -> EngineLoad | None:
 
 
 def _service() -> EngineServiceConfig:
-    return EngineServiceConfig(
-        port=0,
-        max_streams_per_client=2,
-        max_streams=3,
-        stream_stall_timeout_s=STALL_S,
-        metrics_port=free_port(),
+    streams = StreamSettings(
+        max_streams_per_client=2, max_streams=3, stream_stall_timeout_s=STALL_S
     )
+    return EngineServiceConfig(port=0, streams=streams, metrics_port=free_port())
 
 
 def test_a_stalled_reader_is_bounded_and_ended_while_a_good_client_is_served(tmp_path, caplog):

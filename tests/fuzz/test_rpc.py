@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.auth.channels import open_channel
+from kvstore.auth.listener import ListenerSecurity
 from kvstore.client import Client
 from kvstore.keys import KVLayout, Namespace, block_keys
 from kvstore.node.server import EmbeddedServer, ServerConfig
@@ -124,7 +125,7 @@ def node(request, tmp_path_factory) -> Iterator[Node]:
         port=0,
         max_message_bytes=MAX_MESSAGE_BYTES,
         chunk_bytes=1500,
-        auth_token_file=str(tokens) if token else "",
+        security=ListenerSecurity(auth_token_file=str(tokens) if token else ""),
     )
     server = EmbeddedServer(store_config, config)
     clock = FakeClock()

@@ -9,21 +9,24 @@ from kvstore.bounds import StreamSettings
 from kvstore.conductor.front.speed import MAX_AGE_S, WINDOW
 from kvstore.conductor.registry import SCHEDULING_POLICIES
 from kvstore.conductor.slo import SLO
-from kvstore.config import option
+from kvstore.config import option, table
 from kvstore.errors import InvalidArgumentError
 
 
 @dataclass(frozen=True)
-class ConductorConfig(StreamSettings, ListenerSecurity):
-    """What the conductor fronts, how it decides, and where it listens (from
-    `ListenerSecurity`, who may call it: a token file guards `/v1/completions` and the gRPC
-    service, TLS serves both; from `StreamSettings`, how many response streams, HTTP and
-    gRPC together, stay open per client and in all, and when a stalled one is ended).
+class ConductorConfig:
+    """What the conductor fronts, how it decides, and where it listens; `security`: who may
+    call it (a token file guards `/v1/completions` and the gRPC service, TLS serves both);
+    `streams`: how many response streams, HTTP and gRPC together, stay open per client and
+    in all, and when a stalled one is ended.
 
     Engine roles are not configured: each engine's Load reports its own. The block size
     comes from the engines too; `model`, `model_id`, `dtype` and `tenant_salt` name the
     KV namespace they publish in (as `kvstore engine`'s flags of the same names).
     """
+
+    security: ListenerSecurity = table(ListenerSecurity)
+    streams: StreamSettings = table(StreamSettings)
 
     engines: str = option(
         "",
@@ -79,8 +82,6 @@ class ConductorConfig(StreamSettings, ListenerSecurity):
             )
         if not self.engine_timeout_s > 0 or not self.ready_timeout_s > 0:
             raise InvalidArgumentError("engine_timeout_s and ready_timeout_s must be > 0")
-        self.check_security()
-        self.stream_limits  # noqa: B018 - checks the stream rows
         try:
             self.slo  # noqa: B018 - validates the SLO times
         except ValueError as exc:

@@ -21,7 +21,7 @@ import grpc
 from aiohttp import web
 
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore.auth import read_token_file
+from kvstore.auth import ListenerSecurity, add_port, check_listener, read_token_file, read_tokens
 from kvstore.bounds import StreamSlots
 from kvstore.client.async_client import AsyncClient
 from kvstore.conductor.base import PolicyContext
@@ -64,8 +64,8 @@ class ConductorServer:
         self._runner: web.AppRunner | None = None
         self._grpc: grpc.aio.Server | None = None
         self._store: AsyncClient | None = None
-        self._auth = config.authenticator()
-        self.streams = StreamSlots(config.stream_limits, "conductor")
+        self._auth = read_tokens(config.security)
+        self.streams = StreamSlots(config.streams.limits, "conductor")
         self.engines: list[Engine] = []
 
     async def start(self) -> ConductorServer:
@@ -139,7 +139,7 @@ class ConductorServer:
         # (a stream notices at its next write; a whole answer would otherwise run to its end).
         self._runner = web.AppRunner(api.app(), access_log=None, handler_cancellation=True)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, c.host, c.port, ssl_context=_ssl_context(c))
+        site = web.TCPSite(self._runner, c.host, c.port, ssl_context=_ssl_context(c.security))
         await site.start()
         server = site._server
         assert server is not None and server.sockets, "the HTTP site is listening"  # type: ignore[attr-defined]
@@ -152,7 +152,7 @@ class ConductorServer:
         self._grpc = grpc.aio.server()
         servicer = ConductorServicer(self.conductor, c.slo)
         register(self._grpc, servicer, SERVICE, pb, auth=self._auth, streams=self.streams)
-        self.grpc_port = c.add_port(self._grpc, f"{c.host}:{c.grpc_port}")
+        self.grpc_port = add_port(self._grpc, f"{c.host}:{c.grpc_port}", c.security)
         await self._grpc.start()
 
     async def health(self) -> dict[str, bool]:
@@ -179,14 +179,14 @@ class ConductorServer:
             await engine.close()
 
 
-def _ssl_context(c: ConductorConfig) -> ssl.SSLContext | None:
+def _ssl_context(security: ListenerSecurity) -> ssl.SSLContext | None:
     """The HTTP side's TLS, from the same --tls-* flags as the gRPC side's."""
-    if not c.tls_cert:
+    if not security.tls_cert:
         return None
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(c.tls_cert, c.tls_key)
-    if c.tls_client_ca:
-        context.load_verify_locations(c.tls_client_ca)
+    context.load_cert_chain(security.tls_cert, security.tls_key)
+    if security.tls_client_ca:
+        context.load_verify_locations(security.tls_client_ca)
         context.verify_mode = ssl.CERT_REQUIRED
     return context
 
@@ -235,7 +235,7 @@ def _for_blocks(profile: CostProfile, block_tokens: int) -> CostProfile:
 def serve_conductor(config: ConductorConfig) -> None:
     """Runs a conductor until SIGTERM or SIGINT."""
 
-    config.check_exposure(config.host)
+    check_listener(config.security, config.host)
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -1,5 +1,5 @@
-"""The tenancy settings of a store node (flags of `kvstore serve`), and the `Tenants` and
-quotas they make. `ServerConfig` inherits these fields, as it does `ListenerSecurity`'s."""
+"""The tenancy settings of a store node (a table `ServerConfig` holds: flags of `kvstore
+serve`), and, as the node starts, the quotas and `Tenants` they make."""
 
 from __future__ import annotations
 
@@ -30,36 +30,39 @@ class TenancySettings:
     admin_tenant: str = option("", "tenant that sees node-wide stats (others: their own)")
     max_namespaces_per_tenant: int = option(64, "most namespaces one tenant registers")
 
-    def check_tenancy(self) -> None:
+    def __post_init__(self) -> None:
         if self.max_namespaces_per_tenant < 1:
             raise InvalidArgumentError("max_namespaces_per_tenant must be >= 1")
 
-    def load_quotas(self, auth: Authenticator) -> TenantQuotas | None:
-        """The quotas file, read (None without one); needs authentication."""
-        if not self.tenant_quotas_file:
-            return None
-        if auth.table is None:
-            raise InvalidArgumentError("--tenant-quotas-file needs --auth-token-file")
-        return TenantQuotas.load(self.tenant_quotas_file)
 
-    def make_tenants(self, store: Store, auth: Authenticator) -> Tenants:
-        """The node's tenants over `store` (made with `load_quotas`); refuses quotas that
-        sum above a tier's capacity and roles given to tenants without a token."""
-        if auth.table is None:
-            if self.public_tenant or self.admin_tenant or self.tenant_secret_file:
-                raise InvalidArgumentError("tenant settings need --auth-token-file")
-            return Tenants(store, None)
-        known = auth.table.tenants
-        roles = TenantRoles(self.admin_tenant, self.public_tenant, self.max_namespaces_per_tenant)
-        roles.check(known)
-        if store.quotas is not None:
-            _check_capacity(store.quotas, known, store)
-        cfg: StoreConfig = store.config
-        _warn_shared_bounds(cfg, len(known), self.max_namespaces_per_tenant)
-        secret = load_secret(self.tenant_secret_file, cfg.ssd_path)
-        if not self.tenant_secret_file and not cfg.ssd_path:
-            log.info("event=tenant_secret source=random hint='ids change at each start'")
-        return Tenants(store, secret, roles)
+def load_quotas(settings: TenancySettings, auth: Authenticator) -> TenantQuotas | None:
+    """The quotas file, read (None without one); needs authentication."""
+    if not settings.tenant_quotas_file:
+        return None
+    if auth.table is None:
+        raise InvalidArgumentError("--tenant-quotas-file needs --auth-token-file")
+    return TenantQuotas.load(settings.tenant_quotas_file)
+
+
+def make_tenants(settings: TenancySettings, store: Store, auth: Authenticator) -> Tenants:
+    """The node's tenants over `store` (made with `load_quotas`); refuses quotas that sum
+    above a tier's capacity and roles given to tenants without a token."""
+    if auth.table is None:
+        if settings.public_tenant or settings.admin_tenant or settings.tenant_secret_file:
+            raise InvalidArgumentError("tenant settings need --auth-token-file")
+        return Tenants(store, None)
+    known = auth.table.tenants
+    per_tenant = settings.max_namespaces_per_tenant
+    roles = TenantRoles(settings.admin_tenant, settings.public_tenant, per_tenant)
+    roles.check(known)
+    if store.quotas is not None:
+        _check_capacity(store.quotas, known, store)
+    cfg: StoreConfig = store.config
+    _warn_shared_bounds(cfg, len(known), per_tenant)
+    secret = load_secret(settings.tenant_secret_file, cfg.ssd_path)
+    if not settings.tenant_secret_file and not cfg.ssd_path:
+        log.info("event=tenant_secret source=random hint='ids change at each start'")
+    return Tenants(store, secret, roles)
 
 
 def _check_capacity(quotas: TenantQuotas, tenants: frozenset[str], store: Store) -> None:
