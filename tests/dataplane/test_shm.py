@@ -12,7 +12,6 @@ import contextlib
 import fcntl
 import os
 import socket
-import struct
 import threading
 from typing import ClassVar
 
@@ -37,22 +36,33 @@ from kvstore.dataplane.shm import server as shm_server
 from kvstore.dataplane.shm.client import ShmClient
 from kvstore.dataplane.shm.regions import Region, placement
 from kvstore.dataplane.sockets import messages as socket_messages
-from kvstore.keys import KVLayout, Namespace, block_keys
 from kvstore.node.server import EmbeddedServer, ServerConfig
 from kvstore.store.config import StoreConfig
 from tests.conftest import wait_until
+from tests.dataplane import socket_planes as planes
+from tests.dataplane.socket_planes import NS
 
-NS = Namespace("llama-shm", KVLayout("float16", 4, 2, 64, 16))  # 32 KiB blocks
-REGION_LIMIT = 8 * NS.block_bytes
-
-
-def _chain(n: int, seed: int) -> list[bytes]:
-    return block_keys(NS, np.arange(n * NS.block_tokens) + seed * 1_000_000)
+_chain, _blocks, _quiet = planes.chain, planes.blocks, planes.quiet
+_answer, _sealed_region = planes.answer, planes.sealed_region
 
 
-def _blocks(n: int, seed: int) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return [rng.integers(0, 256, NS.block_bytes, dtype=np.uint8) for _ in range(n)]
+def _client(node, transport: str = "shm") -> Client:
+    return planes.client(node, transport)
+
+
+def _round_trip_works(node, seed: int) -> None:
+    planes.round_trip_works(node, seed, "shm")
+
+
+def _admission(node) -> pb.DataPlaneInfoResponse:
+    return planes.admission(node, "shm")
+
+
+def _raw_socket(node) -> socket.socket:
+    return planes.raw_socket(node, "shm")
+
+
+REGION_LIMIT = planes.REGION_BYTES
 
 
 @pytest.fixture(scope="module")
@@ -71,30 +81,6 @@ def node():
         yield server
 
 
-def _client(node, transport: str = "shm") -> Client:
-    client = Client(node.address, timeout_s=10.0, transport=transport)
-    client.register_namespace(NS)
-    return client
-
-
-def _quiet(node) -> None:
-    """Nothing left open: no lease, no reservation, no connection of a closed client."""
-    with _client(node, "grpc") as client:
-        stats = client.stats()
-    assert (stats.num_leases, stats.num_reservations) == (0, 0)
-
-
-def _round_trip_works(node, seed: int) -> None:
-    keys, blocks = _chain(4, seed), _blocks(4, seed)
-    with _client(node) as client:
-        client.put_chain(NS.id, keys, blocks)
-        out = [np.zeros(NS.block_bytes, np.uint8) for _ in keys]
-        assert client.get_into(NS.id, keys, out) == (True,) * 4
-        assert all((o == b).all() for o, b in zip(out, blocks, strict=True))
-        client.remove(NS.id, keys)
-    _quiet(node)
-
-
 def _holders(files: set[tuple[int, int]]) -> int:
     """How many open fds of this process (the node's too) are one of `files` (dev, inode)."""
     held = 0
@@ -103,32 +89,6 @@ def _holders(files: set[tuple[int, int]]) -> int:
             st = os.stat(f"/proc/self/fd/{fd}")
             held += (st.st_dev, st.st_ino) in files
     return held
-
-
-def test_shm_moves_the_bytes_the_other_paths_read(node, crewed):
-    keys, blocks = _chain(8, 1), _blocks(8, 1)
-    with _client(node) as shm, _client(node, "grpc") as grpc_client:
-        assert isinstance(shm.data_plane(), ShmClient)
-        assert shm.put_chain(NS.id, keys, blocks).num_stored == 8
-        assert [bytes(b) for b in grpc_client.get(NS.id, keys).blocks] == [
-            b.tobytes() for b in blocks
-        ]
-        out = [np.zeros(NS.block_bytes, np.uint8) for _ in keys]
-        assert shm.get_into(NS.id, [*keys, _chain(1, 99)[0]], [*out, out[0].copy()]) == (
-            (True,) * 8 + (False,)
-        )
-        assert all((o == b).all() for o, b in zip(out, blocks, strict=True))
-        assert shm.put_chain(NS.id, keys, blocks).num_present == 8  # present: nothing moves
-        # In parts: part s of every block lands in parts[s], in order.
-        parts = [[np.zeros(NS.block_bytes // 4, np.uint8) for _ in keys] for _ in range(4)]
-        seen = []
-        got = shm.data_plane().submit_get_parts(NS.id, keys, parts, NS.block_bytes, seen.append)
-        assert got.result(timeout=10) == (True,) * 8
-        assert seen == [0, 1, 2, 3]
-        for i, block in enumerate(blocks):
-            assert (np.concatenate([p[i] for p in parts]) == block).all()
-        shm.remove(NS.id, keys)
-    _quiet(node)
 
 
 def test_shared_buffers_move_without_a_copy_on_the_client_side(node, note_bytes):
@@ -294,40 +254,9 @@ def test_corrupted_block_is_never_accepted_by_the_client(node, note_bytes, crewe
 # -- hostile peers ------------------------------------------------------------------------
 
 
-def _admission(node) -> pb.DataPlaneInfoResponse:
-    with grpc.insecure_channel(node.address) as channel:
-        stub = pb_grpc.KVStoreStub(channel)
-        return stub.DataPlaneInfo(pb.DataPlaneInfoRequest(transport="shm"), timeout=10)
-
-
-def _raw_socket(node) -> socket.socket:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(10.0)
-    sock.connect(node.dataplanes["shm"].address)
-    return sock
-
-
-def _answer(sock: socket.socket) -> Reply | None:
-    """The node's reply, or None if it closed the connection."""
-    try:
-        data, fds = socket_messages.receive(sock, 1 << 20)
-    except ConnectionError:
-        return None
-    socket_messages.close_all(fds)
-    return _reply_of(data)
-
-
 def _reply_of(data: memoryview, num_keys: int = 0, with_checksums: bool = False) -> Reply:
     assert data[0] == socket_messages.Kind.REPLY, f"a message of kind {data[0]}, not a reply"
     return frames.decode_reply(data[1:], num_keys, with_checksums)
-
-
-def _sealed_region(size: int = 64 << 10, seals: int = fcntl.F_SEAL_SHRINK) -> int:
-    fd = os.memfd_create("adversary", os.MFD_ALLOW_SEALING)
-    os.ftruncate(fd, size)
-    if seals:
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
-    return fd
 
 
 def _hello(node, fds: list[int], secret: bytes | None = None, client_id: int | None = None):
@@ -390,22 +319,6 @@ def test_bad_hellos_are_refused_and_the_node_keeps_serving(node, make_fds, secre
     _round_trip_works(node, seed=10)
     wait_until(lambda: _holders(files) == 0, 10.0, "the node let go of the adversary's files")
     assert node.dataplanes["shm"].num_connections == 0
-
-
-def test_a_connection_cannot_be_claimed_twice(node):
-    admitted = _admission(node)
-    hello = socket_messages.encode_hello(admitted.client_id, admitted.connection_secret)
-    first, second = _raw_socket(node), _raw_socket(node)
-    fd = _sealed_region()
-    try:
-        socket_messages.send(first, hello, [fd])
-        assert _answer(first).error is None
-        socket_messages.send(second, hello, [fd])  # replayed by someone who saw it
-        assert isinstance(_answer(second).error, errors.PermissionDeniedError)
-    finally:
-        os.close(fd)
-        first.close()
-        second.close()
 
 
 @pytest.fixture
@@ -600,19 +513,6 @@ def test_eager_puts_take_their_sums_from_the_message_behind_them(node, hello, cr
         assert [bytes(b) for b in client.get(NS.id, keys).blocks] == [b.tobytes() for b in blocks]
         client.remove(NS.id, keys)
     _quiet(node)
-
-
-def test_a_message_past_the_limit_ends_only_its_connection(node, hello):
-    sock, _ = hello
-    sock.sendall(struct.pack("<I", 1 << 30))
-    assert sock.recv(1) == b""
-    _round_trip_works(node, seed=21)
-
-
-def test_a_socket_that_never_says_hello_is_closed(node):
-    sock = _raw_socket(node)
-    assert sock.recv(1) == b""  # at the hello deadline (2 s here); recv's own limit is 10 s
-    sock.close()
 
 
 @settings(

@@ -12,11 +12,9 @@ import os
 import secrets
 import shutil
 import socket
-import struct
 import subprocess
 import sys
 
-import grpc
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -24,32 +22,40 @@ from hypothesis import strategies as st
 
 from kvstore import errors
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.auth import ListenerSecurity
 from kvstore.checksum import checksum
 from kvstore.client import Client
-from kvstore.dataplane import frames
 from kvstore.dataplane.frames import Op, Reply, Request
 from kvstore.dataplane.selection import network_planes
 from kvstore.dataplane.sockets import messages as socket_messages
 from kvstore.dataplane.tcp.client import TcpClient
 from kvstore.dataplane.ucx.runtime import has_rdma_device
-from kvstore.keys import KVLayout, Namespace, block_keys
+from kvstore.keys import block_keys
 from kvstore.node.server import EmbeddedServer, ServerConfig
 from kvstore.results import PutStatus
 from kvstore.store.config import StoreConfig
 from tests.conftest import wait_until
+from tests.dataplane import socket_planes as planes
+from tests.dataplane.socket_planes import NS
 
-NS = Namespace("llama-tcp", KVLayout("float16", 4, 2, 64, 16))  # 32 KiB blocks
+_chain, _blocks, _quiet, _closed = planes.chain, planes.blocks, planes.quiet, planes.closed
+_answer = planes.answer
 
 
-def _chain(n: int, seed: int) -> list[bytes]:
-    return block_keys(NS, np.arange(n * NS.block_tokens) + seed * 1_000_000)
+def _client(node, transport: str = "tcp") -> Client:
+    return planes.client(node, transport)
 
 
-def _blocks(n: int, seed: int) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return [rng.integers(0, 256, NS.block_bytes, dtype=np.uint8) for _ in range(n)]
+def _round_trip_works(node, seed: int) -> None:
+    planes.round_trip_works(node, seed, "tcp")
+
+
+def _admission(node) -> pb.DataPlaneInfoResponse:
+    return planes.admission(node, "tcp")
+
+
+def _raw_socket(node) -> socket.socket:
+    return planes.raw_socket(node, "tcp")
 
 
 def _node(host: str = "127.0.0.1") -> EmbeddedServer:
@@ -72,61 +78,6 @@ def node():
         with Client(server.address, transport="grpc") as client:
             client.register_namespace(NS)
         yield server
-
-
-def _client(node, transport: str = "tcp") -> Client:
-    client = Client(node.address, timeout_s=10.0, transport=transport)
-    client.register_namespace(NS)
-    return client
-
-
-def _quiet(node) -> None:
-    """Nothing left open: no lease, no reservation, no connection of a closed client."""
-    with _client(node, "grpc") as client:
-        wait_until(
-            lambda: (client.stats().num_leases, client.stats().num_reservations) == (0, 0),
-            10.0,
-            "the node ends every lease and reservation",
-        )
-
-
-def _round_trip_works(node, seed: int) -> None:
-    keys, blocks = _chain(4, seed), _blocks(4, seed)
-    with _client(node) as client:
-        client.put_chain(NS.id, keys, blocks)
-        out = [np.zeros(NS.block_bytes, np.uint8) for _ in keys]
-        assert client.get_into(NS.id, keys, out) == (True,) * 4
-        assert all((o == b).all() for o, b in zip(out, blocks, strict=True))
-        client.remove(NS.id, keys)
-    _quiet(node)
-
-
-def test_tcp_moves_the_bytes_the_other_paths_read(node):
-    keys, blocks = _chain(8, 1), _blocks(8, 1)
-    with _client(node) as tcp, _client(node, "grpc") as grpc_client:
-        assert isinstance(tcp.data_plane(), TcpClient)
-        assert tcp.put_chain(NS.id, keys, blocks).num_stored == 8
-        assert [bytes(b) for b in grpc_client.get(NS.id, keys).blocks] == [
-            b.tobytes() for b in blocks
-        ]
-        out = [np.zeros(NS.block_bytes, np.uint8) for _ in keys]
-        missed = np.full(NS.block_bytes, 7, np.uint8)
-        assert tcp.get_into(NS.id, [*keys, _chain(1, 99)[0]], [*out, missed]) == (
-            (True,) * 8 + (False,)
-        )
-        assert all((o == b).all() for o, b in zip(out, blocks, strict=True))
-        assert (missed == 7).all()  # a missed key's buffer is left as it was
-        assert tcp.put_chain(NS.id, keys, blocks).num_present == 8  # present: none stored
-        # In parts: part s of every block lands in parts[s], in order.
-        parts = [[np.zeros(NS.block_bytes // 4, np.uint8) for _ in keys] for _ in range(4)]
-        seen = []
-        got = tcp.data_plane().submit_get_parts(NS.id, keys, parts, NS.block_bytes, seen.append)
-        assert got.result(timeout=10) == (True,) * 8
-        assert seen == [0, 1, 2, 3]
-        for i, block in enumerate(blocks):
-            assert (np.concatenate([p[i] for p in parts]) == block).all()
-        tcp.remove(NS.id, keys)
-    _quiet(node)
 
 
 def test_a_partly_present_put_stores_the_rest_and_reads_what_it_drops(node):
@@ -234,35 +185,6 @@ def test_auto_without_rdma_still_takes_ucx_where_the_node_serves_no_tcp(monkeypa
 # -- hostile peers ------------------------------------------------------------------------
 
 
-def _admission(node) -> pb.DataPlaneInfoResponse:
-    with grpc.insecure_channel(node.address) as channel:
-        stub = pb_grpc.KVStoreStub(channel)
-        return stub.DataPlaneInfo(pb.DataPlaneInfoRequest(transport="tcp"), timeout=10)
-
-
-def _raw_socket(node) -> socket.socket:
-    host, _, port = node.dataplanes["tcp"].address.decode().rpartition(":")
-    sock = socket.create_connection((host, int(port)), timeout=10.0)
-    return sock
-
-
-def _answer(sock: socket.socket, num_keys: int = 0, get: bool = False) -> Reply | None:
-    """The node's reply, or None if it closed the connection."""
-    try:
-        data, _ = socket_messages.receive(sock, 1 << 20)
-    except ConnectionError:
-        return None
-    assert data[0] == socket_messages.Kind.REPLY, f"a message of kind {data[0]}, not a reply"
-    return frames.decode_reply(data[1:], num_keys, get)
-
-
-def _closed(sock: socket.socket) -> bool:
-    try:
-        return sock.recv(1) == b""
-    except ConnectionResetError:
-        return True
-
-
 def _hello(node, secret: bytes | None = None) -> tuple[socket.socket, Reply | None]:
     admitted = _admission(node)
     sock = _raw_socket(node)
@@ -292,20 +214,6 @@ def test_a_wrong_secret_is_refused_and_the_node_keeps_serving(node):
     node.dataplanes["tcp"].reap(now=float("inf"))  # the admission it named, at its deadline
     _round_trip_works(node, seed=10)
     assert node.dataplanes["tcp"].num_connections == 0
-
-
-def test_a_connection_cannot_be_claimed_twice(node):
-    admitted = _admission(node)
-    hello = socket_messages.encode_hello(admitted.client_id, admitted.connection_secret)
-    first, second = _raw_socket(node), _raw_socket(node)
-    try:
-        socket_messages.send(first, hello)
-        assert _answer(first).error is None
-        socket_messages.send(second, hello)  # replayed by someone who saw it
-        assert isinstance(_answer(second).error, errors.PermissionDeniedError)
-    finally:
-        first.close()
-        second.close()
 
 
 def test_a_get_replies_then_sends_the_found_blocks_part_major(node, hello):
@@ -449,18 +357,6 @@ def test_a_client_that_does_not_read_its_get_loses_the_lease_at_the_deadline(nod
     _round_trip_works(node, seed=12)
 
 
-def test_a_message_past_the_limit_ends_only_its_connection(node, hello):
-    hello.sendall(struct.pack("<I", 1 << 30))
-    assert _closed(hello)
-    _round_trip_works(node, seed=21)
-
-
-def test_a_socket_that_never_says_hello_is_closed(node):
-    sock = _raw_socket(node)
-    assert _closed(sock)  # at the hello deadline (2 s here); recv's own limit is 10 s
-    sock.close()
-
-
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -529,9 +425,8 @@ _REMOTE_CLIENT = """
 import sys
 import numpy as np
 from kvstore.client import Client
-from kvstore.keys import KVLayout, Namespace, block_keys
-from kvstore.results import PutStatus
-ns = Namespace("llama-tcp", KVLayout("float16", 4, 2, 64, 16))
+from kvstore.keys import block_keys
+from tests.dataplane.socket_planes import NS as ns
 keys = block_keys(ns, np.arange(8 * ns.block_tokens) + 77)
 blocks = [np.full(ns.block_bytes, i + 1, np.uint8) for i in range(8)]
 with Client(sys.argv[1], timeout_s=20.0, transport="auto") as client:
