@@ -1,27 +1,55 @@
-"""DRAM tier: slab allocator bookkeeping, slot placement, slab reuse, capacity and views."""
+"""The slab tiers, DRAM and HBM, as one suite: allocator bookkeeping, slot placement, slab
+reuse, a full tier, fit and misuse run on both (HBM on the host, `device="cpu"`: the same
+code as on a GPU, its views torch tensors); capacity and the DRAM array on DRAM. HBM on a
+GPU: `test_hbm.py`."""
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 
 from kvstore.store.tiers.base import Slot, TierStats
 from kvstore.store.tiers.dram import DramTier
+from kvstore.store.tiers.hbm import HbmTier
+from kvstore.store.tiers.slab import SlabTier
+from tests.conftest import require_extra
 
 SLAB = 256
+MakeTier = Callable[..., SlabTier]
 
 
-def _make_tier(num_slabs: int = 4, slab_bytes: int = SLAB) -> DramTier:
+@pytest.fixture(params=["dram", "hbm"])
+def make_tier(request: pytest.FixtureRequest) -> MakeTier:
+    """Makes a tier of the kind under test: `make_tier(num_slabs=4, slab_bytes=SLAB)`."""
+    if request.param == "hbm":
+        require_extra("torch")
+
+    def make(num_slabs: int = 4, slab_bytes: int = SLAB) -> SlabTier:
+        if request.param == "hbm":
+            return HbmTier(num_slabs * slab_bytes, slab_bytes, device="cpu")
+        return DramTier(num_slabs * slab_bytes, slab_bytes)
+
+    return make
+
+
+def _dram(num_slabs: int = 4, slab_bytes: int = SLAB) -> DramTier:
     return DramTier(num_slabs * slab_bytes, slab_bytes)
+
+
+def _bytes(tier: SlabTier, slot: Slot) -> np.ndarray:
+    """The slot's bytes as a writable uint8 array over the tier's own memory (a DRAM
+    memoryview or a host torch tensor alike)."""
+    return np.asarray(tier.view(slot))
 
 
 def _pattern(seed: int, nbytes: int) -> bytes:
     return np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8).tobytes()
 
 
-def _check_integrity(tier: DramTier, live: list[Slot]) -> None:
+def _check_integrity(tier: SlabTier, live: list[Slot]) -> None:
     """Stats match the live slots; slots are aligned, inside one slab each, and disjoint."""
     assert tier.stats() == TierStats(
         tier.num_slabs * tier.slab_bytes, sum(s.nbytes for s in live), len(live)
@@ -35,7 +63,7 @@ def _check_integrity(tier: DramTier, live: list[Slot]) -> None:
         assert end <= next_start
 
 
-def _fill(tier: DramTier, nbytes: int) -> list[Slot]:
+def _fill(tier: SlabTier, nbytes: int) -> list[Slot]:
     """Allocates `nbytes` slots until the tier refuses."""
     slots = []
     while (slot := tier.allocate(nbytes)) is not None:
@@ -46,15 +74,14 @@ def _fill(tier: DramTier, nbytes: int) -> list[Slot]:
 # --- bookkeeping --------------------------------------------------------------------------------
 
 
-def test_new_tier_is_empty() -> None:
-    tier = _make_tier()
+def test_new_tier_is_empty(make_tier: MakeTier) -> None:
+    tier = make_tier()
     assert tier.stats() == TierStats(4 * SLAB, 0, 0)
-    assert tier.name == "dram"
     assert tier.has_free_slab()
 
 
-def test_allocate_and_free_update_stats() -> None:
-    tier = _make_tier()
+def test_allocate_and_free_update_stats(make_tier: MakeTier) -> None:
+    tier = make_tier()
     a = tier.allocate(10)
     assert a == Slot(0, 10)
     _check_integrity(tier, [a])
@@ -69,15 +96,15 @@ def test_allocate_and_free_update_stats() -> None:
     assert tier.stats() == TierStats(4 * SLAB, 0, 0)
 
 
-def test_slots_are_handed_out_in_address_order() -> None:
-    tier = _make_tier(num_slabs=2)
+def test_slots_are_handed_out_in_address_order(make_tier: MakeTier) -> None:
+    tier = make_tier(num_slabs=2)
     slots = _fill(tier, 64)
     assert [s.offset for s in slots] == [i * 64 for i in range(8)]
     _check_integrity(tier, slots)
 
 
-def test_freed_slot_is_reused() -> None:
-    tier = _make_tier(num_slabs=1)
+def test_freed_slot_is_reused(make_tier: MakeTier) -> None:
+    tier = make_tier(num_slabs=1)
     a, b = tier.allocate(64), tier.allocate(64)
     assert (a, b) == (Slot(0, 64), Slot(64, 64))
     tier.free(a)
@@ -90,31 +117,31 @@ def test_freed_slot_is_reused() -> None:
 # --- placement ----------------------------------------------------------------------------------
 
 
-def test_mixed_sizes_never_overlap_and_keep_their_bytes() -> None:
-    tier = _make_tier(num_slabs=16, slab_bytes=1024)
+def test_mixed_sizes_never_overlap_and_keep_their_bytes(make_tier: MakeTier) -> None:
+    tier = make_tier(num_slabs=16, slab_bytes=1024)
     sizes = [1, 63, 64, 65, 100, 128, 200, 256, 500, 1024]
     live: list[Slot] = []
     for i in range(1000):
         slot = tier.allocate(sizes[i % len(sizes)])
         if slot is None:
             continue
-        view = tier.view(slot)
+        view = _bytes(tier, slot)
         assert len(view) == slot.nbytes
-        view[:] = _pattern(len(live), slot.nbytes)
+        view[:] = np.frombuffer(_pattern(len(live), slot.nbytes), np.uint8)
         live.append(slot)
         _check_integrity(tier, live)
     # Slabs per class when the pool runs dry: 64B x2, 128B x3, 256B x3, 512B x3, 1024B x5.
     assert len(live) == 2 * 16 + 3 * 8 + 3 * 4 + 3 * 2 + 5 * 1
     for i, slot in enumerate(live):
-        assert bytes(tier.view(slot)) == _pattern(i, slot.nbytes)
+        assert _bytes(tier, slot).tobytes() == _pattern(i, slot.nbytes)
 
 
-def test_freeing_half_then_refilling_keeps_survivors_intact() -> None:
-    tier = _make_tier(num_slabs=4)
+def test_freeing_half_then_refilling_keeps_survivors_intact(make_tier: MakeTier) -> None:
+    tier = make_tier(num_slabs=4)
     live = _fill(tier, 40)
     assert len(live) == 16
     for i, slot in enumerate(live):
-        tier.view(slot)[:] = _pattern(i, slot.nbytes)
+        _bytes(tier, slot)[:] = np.frombuffer(_pattern(i, slot.nbytes), np.uint8)
     survivors = {i: s for i, s in enumerate(live) if i % 2}
     for i, slot in enumerate(live):
         if i % 2 == 0:
@@ -123,23 +150,23 @@ def test_freeing_half_then_refilling_keeps_survivors_intact() -> None:
     refill = _fill(tier, 50)
     assert len(refill) == 8
     for slot in refill:
-        tier.view(slot)[:] = b"\xff" * slot.nbytes
+        _bytes(tier, slot)[:] = 0xFF
     _check_integrity(tier, [*survivors.values(), *refill])
     for i, slot in survivors.items():
-        assert bytes(tier.view(slot)) == _pattern(i, slot.nbytes)
+        assert _bytes(tier, slot).tobytes() == _pattern(i, slot.nbytes)
 
 
 @pytest.mark.parametrize(
     ("nbytes", "slot_bytes"),
     [(0, 64), (1, 64), (63, 64), (64, 64), (65, 128), (128, 128), (129, 192), (256, 256)],
 )
-def test_size_class_rounds_up_to_64(nbytes: int, slot_bytes: int) -> None:
-    assert _make_tier().size_class(nbytes) == slot_bytes
+def test_size_class_rounds_up_to_64(make_tier: MakeTier, nbytes: int, slot_bytes: int) -> None:
+    assert make_tier().size_class(nbytes) == slot_bytes
 
 
 @pytest.mark.parametrize(("nbytes", "slot_bytes"), [(1, 64), (64, 64), (65, 128), (129, 192)])
-def test_slots_are_spaced_by_size_class(nbytes: int, slot_bytes: int) -> None:
-    tier = _make_tier(num_slabs=1)
+def test_slots_are_spaced_by_size_class(make_tier: MakeTier, nbytes: int, slot_bytes: int) -> None:
+    tier = make_tier(num_slabs=1)
     slots = _fill(tier, nbytes)
     assert slots == [Slot(i * slot_bytes, nbytes) for i in range(SLAB // slot_bytes)]
     _check_integrity(tier, slots)
@@ -148,8 +175,8 @@ def test_slots_are_spaced_by_size_class(nbytes: int, slot_bytes: int) -> None:
 # --- slabs --------------------------------------------------------------------------------------
 
 
-def test_empty_slab_returns_and_serves_another_size_class() -> None:
-    tier = _make_tier(num_slabs=1)
+def test_empty_slab_returns_and_serves_another_size_class(make_tier: MakeTier) -> None:
+    tier = make_tier(num_slabs=1)
     small = _fill(tier, 64)
     assert len(small) == 4
     assert not tier.has_free_slab()
@@ -167,8 +194,8 @@ def test_empty_slab_returns_and_serves_another_size_class() -> None:
     assert tier.allocate(64) is None  # and now the 64-byte class has no slab
 
 
-def test_class_grows_into_a_second_slab_and_gives_it_back() -> None:
-    tier = _make_tier(num_slabs=2)
+def test_class_grows_into_a_second_slab_and_gives_it_back(make_tier: MakeTier) -> None:
+    tier = make_tier(num_slabs=2)
     first = [tier.allocate(64) for _ in range(4)]
     extra = tier.allocate(64)
     assert extra == Slot(SLAB, 64)
@@ -182,8 +209,10 @@ def test_class_grows_into_a_second_slab_and_gives_it_back() -> None:
 
 
 @pytest.mark.parametrize("nbytes", [1, 64, 100, 256])
-def test_allocate_when_full_returns_none_and_changes_nothing(nbytes: int) -> None:
-    tier = _make_tier(num_slabs=2)
+def test_allocate_when_full_returns_none_and_changes_nothing(
+    make_tier: MakeTier, nbytes: int
+) -> None:
+    tier = make_tier(num_slabs=2)
     slots = _fill(tier, nbytes)
     assert len(slots) == 2 * (SLAB // tier.size_class(nbytes))
     before = tier.stats()
@@ -207,14 +236,14 @@ def test_allocate_when_full_returns_none_and_changes_nothing(nbytes: int) -> Non
         (SLAB + 1, False),
     ],
 )
-def test_can_fit(nbytes: int, is_fit: bool) -> None:
-    tier = _make_tier()
+def test_can_fit(make_tier: MakeTier, nbytes: int, is_fit: bool) -> None:
+    tier = make_tier()
     assert tier.can_fit(nbytes) is is_fit
 
 
 @pytest.mark.parametrize("nbytes", [0, SLAB + 1, 10 * SLAB])
-def test_allocate_what_cannot_fit_returns_none(nbytes: int) -> None:
-    tier = _make_tier()
+def test_allocate_what_cannot_fit_returns_none(make_tier: MakeTier, nbytes: int) -> None:
+    tier = make_tier()
     assert tier.allocate(nbytes) is None
     _check_integrity(tier, [])
 
@@ -253,8 +282,8 @@ def test_too_small_capacity_or_slab_raises(capacity: int, slab: int) -> None:
 # --- misuse -------------------------------------------------------------------------------------
 
 
-def test_double_free_of_last_slot_in_slab_asserts() -> None:
-    tier = _make_tier()
+def test_double_free_of_last_slot_in_slab_asserts(make_tier: MakeTier) -> None:
+    tier = make_tier()
     slot = tier.allocate(64)
     tier.free(slot)
     with pytest.raises(AssertionError, match="double free"):
@@ -262,8 +291,8 @@ def test_double_free_of_last_slot_in_slab_asserts() -> None:
     _check_integrity(tier, [])
 
 
-def test_double_free_after_slab_moved_to_another_class_asserts() -> None:
-    tier = _make_tier(num_slabs=1)
+def test_double_free_after_slab_moved_to_another_class_asserts(make_tier: MakeTier) -> None:
+    tier = make_tier(num_slabs=1)
     slot = tier.allocate(64)
     tier.free(slot)
     other = tier.allocate(128)
@@ -272,8 +301,8 @@ def test_double_free_after_slab_moved_to_another_class_asserts() -> None:
     _check_integrity(tier, [other])
 
 
-def test_double_free_with_live_neighbour_asserts() -> None:
-    tier = _make_tier()
+def test_double_free_with_live_neighbour_asserts(make_tier: MakeTier) -> None:
+    tier = make_tier()
     slot, neighbour = tier.allocate(64), tier.allocate(64)
     tier.free(slot)
     with pytest.raises(AssertionError, match="double free"):
@@ -285,7 +314,7 @@ def test_double_free_with_live_neighbour_asserts() -> None:
 
 
 def test_array_views_the_same_memory_as_view() -> None:
-    tier = _make_tier()
+    tier = _dram()
     a, b = tier.allocate(100), tier.allocate(300 - 100)
     arr = tier.array
     assert (arr.dtype, arr.shape) == (np.uint8, (4 * SLAB,))
@@ -298,7 +327,7 @@ def test_array_views_the_same_memory_as_view() -> None:
 
 
 def test_view_is_exactly_the_slot() -> None:
-    tier = _make_tier(num_slabs=1)
+    tier = _dram(num_slabs=1)
     a, b = tier.allocate(10), tier.allocate(10)
     tier.view(b)[:] = b"\x00" * 10
     tier.view(a)[:] = b"\xaa" * 10
