@@ -38,8 +38,7 @@ class Namespaces:
 
     def load(self) -> None:
         """Registers the namespaces saved on SSD (none without an SSD tier)."""
-        ssd = self._tiering.ssd
-        for name, raw in ({} if ssd is None else ssd.load_meta()).items():
+        for name, raw in self._tiering.load_meta().items():
             tenant, ns = _decode(raw)
             self._file(name if tenant != ANONYMOUS else ns.id, ns, tenant)
 
@@ -49,11 +48,10 @@ class Namespaces:
         layout = {name: getattr(lay, name) for name in LAYOUT_FIELDS}
         limits = self.config.namespace_limits
         limits.check(namespace.model_id, lay.dtype, namespace.tenant_salt, layout)
-        dram = self._tiering.dram
-        if not dram.can_fit(namespace.block_bytes):
+        if not self._tiering.fits_dram(namespace.block_bytes):
             raise errors.InvalidArgumentError(
                 f"block of {namespace.block_bytes} bytes exceeds the slab size "
-                f"({dram.slab_bytes} bytes)"
+                f"({self._tiering.slab_bytes} bytes)"
             )
 
     def register(

@@ -73,12 +73,12 @@ class Store(StoreWrites):
         self._recover()
 
     def _recover(self) -> None:
-        if self._tiering.ssd is None:
+        if not self.config.ssd_path:
             return
         start = time.perf_counter()
         self._namespaces.load()
         num_blocks = self._tiering.recover()
-        seconds, path = time.perf_counter() - start, self._tiering.ssd.path
+        seconds, path = time.perf_counter() - start, self.config.ssd_path
         msg = "event=recovered blocks=%d namespaces=%d seconds=%.3f path=%s"
         log.info(msg, num_blocks, len(self._namespaces), seconds, path)
 
@@ -265,13 +265,12 @@ class Store(StoreWrites):
         """The (namespace id, key) of the blocks `tier`'s policy ("dram" or "ssd") would
         evict, best victim first; changes nothing. For operators and tests."""
         with self._lock:
-            policy = {"dram": self._tiering.dram_policy, "ssd": self._tiering.ssd_policy}[tier]
-            entries = (self._index.get(block) for block in policy.candidates())
+            entries = (self._index.get(block) for block in self._tiering.eviction_order(tier))
             return [(e.namespace_id, e.key) for e in entries if e is not None]
 
     def demote_now(self) -> int:
         """Runs one demotion pass now (tests, benchmarks); returns blocks demoted."""
-        return self._tiering.demote_pass() if self._tiering.ssd is not None else 0
+        return self._tiering.demote_pass() if self.config.ssd_path else 0
 
     def check_integrity(self) -> None:
         """Asserts that index, tiers, policies, leases and reservations agree."""

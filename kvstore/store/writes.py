@@ -208,7 +208,6 @@ class StoreWrites:
             self._index.add(entry)
         rid = next(self._ids)
         expires_at = self.clock() + self.config.reservation_timeout_s
-        dram = self._tiering.dram
-        views = {i: dram.view(e.slot) for i, e in entries.items() if e.slot is not None}
+        views = self._tiering.views(entries)
         self._reservations.open(rid, Reservation(namespace_id, entries, views, expires_at, owner))
         return rid

@@ -92,6 +92,24 @@ class Tiering:
 
     # -- placement -----------------------------------------------------------------------
 
+    @property
+    def slab_bytes(self) -> int:
+        """The DRAM tier's slab size: no block is larger."""
+        return self.dram.slab_bytes
+
+    def fits_dram(self, nbytes: int) -> bool:
+        """Whether a block of `nbytes` fits one DRAM slab (`slab_bytes`)."""
+        return self.dram.can_fit(nbytes)
+
+    def views(self, entries: dict[int, Entry]) -> dict[int, memoryview]:
+        """The DRAM bytes of each entry that has a DRAM slot, by the entries' own keys."""
+        return {i: self.dram.view(e.slot) for i, e in entries.items() if e.slot is not None}
+
+    def eviction_order(self, tier: str) -> list[bytes]:
+        """The block ids `tier`'s policy ("dram" or "ssd") would evict, best victim first."""
+        policy = {"dram": self.dram_policy, "ssd": self.ssd_policy}[tier]
+        return list(policy.candidates())
+
     def allocate(self, nbytes: int, count: int, tenant: str = ANONYMOUS) -> list[Slot]:
         """`count` DRAM slots charged to `tenant`, evicting as needed (with quotas, only
         the tenant's own blocks); all or nothing (StoreFullError)."""
@@ -248,6 +266,10 @@ class Tiering:
         self._seq = recovered.last_seq
         self.counters.checksum_failures += recovered.num_bad
         return recovered.num_blocks
+
+    def load_meta(self) -> dict[bytes, bytes]:
+        """The metadata values stored beside the SSD blocks (none without an SSD tier)."""
+        return {} if self.ssd is None else self.ssd.load_meta()
 
     def save_meta(self, name: bytes, value: bytes) -> None:
         """Stores a metadata value beside the SSD blocks (a no-op without an SSD tier).
