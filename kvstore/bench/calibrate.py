@@ -86,6 +86,13 @@ def _tokens(rng: np.random.Generator, config, n: int) -> list[int]:
 Point = tuple[list[float], float, dict[str, int]]  # features, seconds, what was measured
 
 
+def _seconds(measured: float | None) -> float:
+    """An output's TTFT or TPOT: None only for a prefetch (no token) or, a TPOT, one token,
+    neither of which a measurement here makes (prefill: 1 token; decode: DECODE_TOKENS)."""
+    assert measured is not None, "a measured request without its time"
+    return measured
+
+
 def _measure_prefill(config, cases: Sequence[tuple[int, int]], advance: Callable) -> list[Point]:
     from gpu_engine.engine import Engine
     from gpu_engine.sampling import SamplingParams
@@ -102,7 +109,7 @@ def _measure_prefill(config, cases: Sequence[tuple[int, int]], advance: Callable
                 engine.generate([prompt[:p]], first)  # its blocks now in the prefix cache
             out = engine.generate([prompt], first)[0]
             assert out.usage.local_cached_tokens == p, (out.usage, p)
-            times.append(out.metrics.ttft_s)
+            times.append(_seconds(out.metrics.ttft_s))
         points.append(([1.0, n - p, n * n - p * p], statistics.median(times), {"n": n, "p": p}))
         advance(1)
     engine.close()
@@ -120,7 +127,7 @@ def _measure_decode(config, cases: Sequence[tuple[int, int]], advance: Callable)
         times = []
         for _ in range(REPEATS):
             outs = engine.generate([_tokens(rng, config, c) for _ in range(b)], params)
-            times.append(statistics.median(o.metrics.tpot_s for o in outs))
+            times.append(statistics.median(_seconds(o.metrics.tpot_s) for o in outs))
         context = b * (c + DECODE_TOKENS / 2)  # mean context over the decode steps
         points.append(([1.0, b, context], statistics.median(times), {"B": b, "c": c}))
         advance(1)

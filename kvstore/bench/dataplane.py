@@ -29,17 +29,17 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from kvstore.bench import dataplane_ceilings as ceilings
 from kvstore.bench import dataplane_peers as peers
+from kvstore.bench.dataplane_ratios import BLOCK_BYTES, median_ratios
 from kvstore.bench.options import extra_of
 from kvstore.bench.report import Row, print_table, progress_bar
 from kvstore.bench.suites import SuiteOptions
 
-BLOCK_BYTES = (64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
 BATCHES = (1, 64)
 OPS = ("put", "get")
 SYSTEMS = (
@@ -49,30 +49,6 @@ SYSTEMS = (
 )  # fmt: skip
 # UCX over TCP, tuned: bigger segments and more rendezvous lanes than the defaults.
 UCX_TCP_ENV = {"UCX_TLS": "tcp", "UCX_TCP_TX_SEG_SIZE": "512k", "UCX_TCP_RX_SEG_SIZE": "512k"}
-# (column, numerator system, op, denominator system, op, at least, from block size); ratios
-# of GB/s at batch 64, per block size, targets from that size up (none: reported only). On
-# the node's host a client moves bytes over shared memory ("auto" picks it), elsewhere UCX.
-RATIOS = (
-    ("put/memcpy", "kvstore-shm", "put", "memcpy", "put", 0.6, 1 << 20),
-    ("put/mooncake", "kvstore-shm", "put", "mooncake", "put", 1.0, 256 << 10),
-    ("ucx put/raw-ucxx", "kvstore-ucx", "put", "ucxx-raw", "put", None, 0),
-    ("get/memcpy", "kvstore-shm", "get", "memcpy", "get", 0.8, 1 << 20),
-    ("get/mooncake", "kvstore-shm", "get", "mooncake", "get", 1.0, 256 << 10),
-    ("ucx get/raw-ucxx", "kvstore-ucx", "get", "ucxx-raw", "get", None, 0),
-    ("ucx-tcp get/tcp-socket", "kvstore-ucx-tcp", "get", "tcp-socket", "get", 0.9, 0),
-    ("ucx-tcp put/tcp-socket", "kvstore-ucx-tcp", "put", "tcp-socket", "put", None, 0),
-    ("tcp get/tcp-socket", "kvstore-tcp", "get", "tcp-socket", "get", 0.9, 0),
-    ("tcp put/tcp-socket", "kvstore-tcp", "put", "tcp-socket", "put", None, 0),
-    # The ceilings: the same transfers with the checks kvstore must make and nothing else
-    # (`dataplane_ceilings`, a raw socket that sums), and where they stand against the limits.
-    ("put/ceiling", "kvstore-shm", "put", "shm-ceiling", "put", None, 0),
-    ("get/ceiling", "kvstore-shm", "get", "shm-ceiling", "get", None, 0),
-    ("ceiling put/memcpy", "shm-ceiling", "put", "memcpy", "put", None, 0),
-    ("ceiling get/memcpy", "shm-ceiling", "get", "memcpy", "get", None, 0),
-    ("ucx-tcp get/tcp-crc32c", "kvstore-ucx-tcp", "get", "tcp-socket-crc32c", "get", None, 0),
-    ("tcp get/tcp-crc32c", "kvstore-tcp", "get", "tcp-socket-crc32c", "get", None, 0),
-    ("tcp-crc32c get/tcp", "tcp-socket-crc32c", "get", "tcp-socket", "get", None, 0),
-)
 
 
 def _cells() -> list[peers.Cell]:
@@ -262,33 +238,10 @@ def _wait_port(port: int, timeout_s: float = 30.0) -> None:
             time.sleep(0.05)
 
 
-MOONCAKE_LIBS = {"ibverbs": "libibverbs1", "rdmacm": "librdmacm1", "numa": "libnuma1"}
-
-
-def mooncake_missing() -> str | None:
-    """What to install before the Mooncake Store peer can run, or None when nothing."""
-    import ctypes.util
-    import importlib.util
-
-    if importlib.util.find_spec("mooncake") is None:
-        return "Mooncake Store needs its package: pip install 'kvstore[peers]'"
-    debs = [deb for lib, deb in MOONCAKE_LIBS.items() if ctypes.util.find_library(lib) is None]
-    if debs:
-        return f"Mooncake Store needs Debian's {' '.join(debs)}: apt-get install {' '.join(debs)}"
-    if not os.path.exists(_mooncake_master()):
-        return "Mooncake Store needs mooncake_master: pip install 'kvstore[peers]'"
-    return None
-
-
-def _mooncake_master() -> str:
-    beside = os.path.join(os.path.dirname(sys.executable), "mooncake_master")
-    return shutil.which("mooncake_master") or beside
-
-
 def _run_mooncake(quick: bool) -> dict:
-    if (missing := mooncake_missing()) is not None:
+    if (missing := peers.mooncake_missing()) is not None:
         raise RuntimeError(missing)
-    binary = _mooncake_master()
+    binary = peers.mooncake_master()
     rpc, http = _free_port(), _free_port()
     cmd = [
         binary, f"--rpc_port={rpc}", "--enable_http_metadata_server=true",
@@ -374,64 +327,6 @@ def _rows_of(system: str, runs: list[dict | str]) -> list[Row]:
     ]
 
 
-def _gbps(rows: list[Row], system: str, op: str, size: int) -> float | None:
-    for r in rows:
-        if (r["system"], r["op"], r["block_bytes"], r["batch"]) == (system, op, size, 64):
-            return r["gbps"]  # type: ignore[return-value]
-    return None
-
-
-def _ratio_row(rows: list[Row], size: int) -> Row:
-    """One block size: kvstore's GB/s, its ratio to each baseline, and the targets missed."""
-    out: Row = {"block_bytes": size}
-    out["put_gbps"] = _gbps(rows, "kvstore-shm", "put", size)
-    out["get_gbps"] = _gbps(rows, "kvstore-shm", "get", size)
-    out["ucx_put_gbps"] = _gbps(rows, "kvstore-ucx", "put", size)
-    out["ucx_get_gbps"] = _gbps(rows, "kvstore-ucx", "get", size)
-    for column, num, num_op, den, den_op, _, _ in RATIOS:
-        a, b = _gbps(rows, num, num_op, size), _gbps(rows, den, den_op, size)
-        out[column] = a / b if a and b else None
-    # The client sums every block a get receives: that work's share of a get's time, if it
-    # did not overlap the transfer (it does: each block is summed as it lands).
-    get, crc = out["get_gbps"], _gbps(rows, "crc32c", "get", size)
-    out["crc/get"] = get / crc if get and crc else None  # type: ignore[operator]
-    out["missed"] = _missed(out)
-    return out
-
-
-def _missed(ratios: Row) -> str:
-    """The targets a block size's ratios miss ("-": none; an unmeasured ratio misses none)."""
-    missed = []
-    for column, _, _, _, _, at_least, from_size in RATIOS:
-        ratio = ratios[column]
-        if at_least is None or ratios["block_bytes"] < from_size or ratio is None:
-            continue
-        if ratio < at_least:  # type: ignore[operator]
-            missed.append(f"{column}<{at_least:g}")
-    return " ".join(missed) or "-"
-
-
-def _ratios(rows: list[Row]) -> list[Row]:
-    return [_ratio_row(rows, size) for size in BLOCK_BYTES]
-
-
-def _median_ratios(rounds: list[list[Row]]) -> list[Row]:
-    """Per block size, each ratio's median over the rounds (each round's ratio is of figures
-    measured minutes apart at most), and the targets that median misses."""
-    per_round = [_ratios(rows) for rows in rounds]
-    out = []
-    for i, size in enumerate(BLOCK_BYTES):
-        row: Row = {"block_bytes": size, "rounds": len(rounds)}
-        for column in per_round[0][i]:
-            if column in ("block_bytes", "missed"):
-                continue
-            values = [r[i][column] for r in per_round if r[i][column] is not None]
-            row[column] = statistics.median(values) if values else None  # type: ignore[type-var]
-        row["missed"] = _missed(row)
-        out.append(row)
-    return out
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The suite's own flags."""
     parser.add_argument(
@@ -466,7 +361,7 @@ def run(options: SuiteOptions) -> list[Row]:
     median of its rounds'; returns one row per measurement, over every round's times."""
     extra = extra_of(options)
     systems = _systems(extra.get("systems"))
-    num_rounds = int(extra.get("rounds") or 1)
+    num_rounds = int(cast("int | None", extra.get("rounds")) or 1)
     if num_rounds < 1:
         raise SystemExit("kvstore-bench dataplane: --rounds must be >= 1")
     runs: dict[str, list[dict | str]] = {system: [] for system in systems}
@@ -480,5 +375,5 @@ def run(options: SuiteOptions) -> list[Row]:
         for r in range(num_rounds)
     ]
     title = f"dataplane, batches of 64: ratios within this run (median of {num_rounds} rounds)"
-    print_table(_median_ratios(rounds), title=title)
+    print_table(median_ratios(rounds), title=title)
     return [row for system in systems for row in _rows_of(system, runs[system])]

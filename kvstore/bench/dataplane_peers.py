@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
+import shutil
 import socket
 import struct
+import sys
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import numpy as np
 
@@ -62,12 +65,14 @@ def drive_memcpy(cells: list[Cell], reps: int) -> dict[Cell, list[float]]:
 def drive_crc32c(cells: list[Cell], reps: int) -> dict[Cell, list[float]]:
     """CRC32C of every block of a batch on one core: what a data-plane client adds to a get
     to check the blocks it received (and a sender to a put), before any overlap."""
-    from kvstore.checksum import checksum
-
     out = {}
     for op, size, batch in cells:
         blocks = [np.ones(size, np.uint8) for _ in range(batch)]
-        out[op, size, batch] = _timed(lambda blocks=blocks: [checksum(b) for b in blocks], reps)
+
+        def sums(blocks: list[np.ndarray] = blocks) -> list[int]:
+            return [checksum(b) for b in blocks]
+
+        out[op, size, batch] = _timed(sums, reps)
     return out
 
 
@@ -85,7 +90,7 @@ def _recv_into(sock: socket.socket, view: memoryview) -> None:
 def serve_tcp(port_queue: Any) -> None:
     """Raw TCP peer: 'G' sends batch blocks, 'P' receives them and acks one byte; 'p'
     also sums each block it received (CRC32C, as a kvstore node sums what it stores)."""
-    buf = memoryview(np.ones(0, np.uint8))
+    buf = np.ones(0, np.uint8).data
     with socket.create_server(("127.0.0.1", 0)) as server:
         port_queue.put(server.getsockname()[1])
         while True:  # one connection per driver cell
@@ -97,7 +102,7 @@ def serve_tcp(port_queue: Any) -> None:
 
 def _grown(pool: Any, nbytes: int) -> Any:
     """`pool`, or a bigger one of ones: a raw peer holds one batch of the largest cell yet."""
-    return pool if len(pool) >= nbytes else memoryview(np.ones(nbytes, np.uint8))
+    return pool if len(pool) >= nbytes else np.ones(nbytes, np.uint8).data
 
 
 def _serve_tcp_conn(conn: socket.socket, buf: memoryview) -> memoryview:
@@ -131,7 +136,7 @@ def drive_tcp(
     out = {}
     ack = bytearray(1)
     for op, size, batch in cells:
-        bufs = [memoryview(np.ones(size, np.uint8)) for _ in range(batch)]
+        bufs = [np.ones(size, np.uint8).data for _ in range(batch)]
         code = op[0].encode() if summed else op[0].upper().encode()
 
         def one(op: str = op, code: bytes = code, bufs: list[memoryview] = bufs) -> None:
@@ -169,7 +174,7 @@ def serve_ucxx(address_queue: Any) -> None:
         (n,) = struct.unpack_from("<Q", hello)
         addr = ucxx.get_ucx_address_from_buffer(bytes(hello[8 : 8 + n]))
         ep = await ucxx.create_endpoint_from_worker_address(addr, endpoint_error_handling=False)
-        pool: Any = memoryview(np.ones(0, np.uint8))
+        pool: Any = np.ones(0, np.uint8).data
         head = bytearray(_REQ.size)
         while True:
             await ucxx.recv(head, tag=_TAG_REQ)
@@ -234,29 +239,26 @@ def drive_ucxx(server_address: bytes, cells: list[Cell], reps: int) -> dict[Cell
 # -- kvstore -------------------------------------------------------------------------------
 
 
-def _namespace(size: int) -> Any:
-    from kvstore.keys import KVLayout, Namespace
-
-    return Namespace("bench-dataplane", KVLayout("float16", 4, 8, 128, size // (32 << 10) * 2))
-
-
 def drive_kvstore(
     address: str, transport: str, cells: list[Cell], reps: int
 ) -> dict[Cell, list[float]]:
     from kvstore.client import Client
-    from kvstore.keys import block_keys
+    from kvstore.keys import KVLayout, Namespace, block_keys
 
     out = {}
     seeds = iter(range(1, 1 << 30))  # the keys of a put's batch: never present before
     with Client(address, timeout_s=60.0, max_message_bytes=64 << 20, transport=transport) as client:
         for op, size, batch in cells:
-            ns = _namespace(size)
+            ns = Namespace(
+                "bench-dataplane", KVLayout("float16", 4, 8, 128, size // (32 << 10) * 2)
+            )
             assert client.register_namespace(ns).block_bytes == size, "layout math is off"
             # Memory the data plane moves blocks through with the fewest copies (shared
             # with a node on this host, as Mooncake's registered buffers), touched first.
             backing = client.buffer(size * batch)
             backing[:] = 1
-            bufs = backing.reshape(batch, size)  # one array: checked once per call, not per block
+            # One array of the batch's blocks: checked once per call, not per block.
+            bufs = cast(Sequence[np.ndarray], backing.reshape(batch, size))
 
             def keys(seed: int, ns: Any = ns, batch: int = batch) -> list[bytes]:
                 return block_keys(ns, np.arange(batch * ns.block_tokens) + seed * 10**7)
@@ -269,7 +271,7 @@ def drive_kvstore(
                 client.remove(ns.id, fixed)
                 continue
 
-            def put(ns: Any = ns, bufs: np.ndarray = bufs, keys: Any = keys) -> float:
+            def put(ns: Any = ns, bufs: Sequence[np.ndarray] = bufs, keys: Any = keys) -> float:
                 fresh = keys(next(seeds))
                 start = time.perf_counter()
                 client.put(ns.id, fresh, bufs)
@@ -372,3 +374,26 @@ def drive_mooncake(
             store.remove(n)
         store.unregister_buffer(pool.ctypes.data)
     return out
+
+
+MOONCAKE_LIBS = {"ibverbs": "libibverbs1", "rdmacm": "librdmacm1", "numa": "libnuma1"}
+
+
+def mooncake_missing() -> str | None:
+    """What to install before the Mooncake Store peer can run, or None when nothing."""
+    import ctypes.util
+    import importlib.util
+
+    if importlib.util.find_spec("mooncake") is None:
+        return "Mooncake Store needs its package: pip install 'kvstore[peers]'"
+    debs = [deb for lib, deb in MOONCAKE_LIBS.items() if ctypes.util.find_library(lib) is None]
+    if debs:
+        return f"Mooncake Store needs Debian's {' '.join(debs)}: apt-get install {' '.join(debs)}"
+    if not os.path.exists(mooncake_master()):
+        return "Mooncake Store needs mooncake_master: pip install 'kvstore[peers]'"
+    return None
+
+
+def mooncake_master() -> str:
+    beside = os.path.join(os.path.dirname(sys.executable), "mooncake_master")
+    return shutil.which("mooncake_master") or beside

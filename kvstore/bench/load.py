@@ -38,13 +38,14 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvstore.bench.attacks import KINDS, attack
+from kvstore.bench.load_footprint import Snapshot, quarter_medians
 from kvstore.bench.load_server import ServerProcess, free_port, serve
 from kvstore.bench.load_worker import Channels, LoadConfig, WorkerResult, run_worker
 from kvstore.bench.options import extra_of
@@ -60,19 +61,6 @@ COUNTS = (
     "corrupted", "verified_bytes", "blocks_found", "blocks_missed", "blocks_present",
     "blocks_stored", "puts_refused_parent",
 )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """The server's resident bytes and open fds `at_s` seconds into the timed loop."""
-
-    at_s: float
-    rss_bytes: int
-    num_fds: int
-
-    @classmethod
-    def of(cls, server: ServerProcess, at_s: float) -> Snapshot:
-        return cls(at_s, server.rss_bytes(), server.num_fds())
 
 
 @dataclass(frozen=True)
@@ -112,9 +100,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _config(options: SuiteOptions) -> LoadConfig:
     base = QUICK if options.quick else FULL
     extra = extra_of(options)
-    clients = extra.get("clients") or base.num_clients
-    seconds = extra.get("seconds") or base.seconds
-    transport = extra.get("transport") or base.transport
+    clients = cast("int | None", extra.get("clients")) or base.num_clients
+    seconds = cast("float | None", extra.get("seconds")) or base.seconds
+    transport = cast("str | None", extra.get("transport")) or base.transport
     return replace(base, num_clients=clients, seconds=seconds, transport=transport)
 
 
@@ -133,11 +121,11 @@ def _beside(
     """The attack `--attack` names, running until the block ends; yields its name ("" for
     none)."""
     extra = extra_of(options)
-    kind = extra.get("attack")
+    kind = cast("str | None", extra.get("attack"))
     if not kind:
         yield ""
         return
-    size = extra.get("attack_size") or (300 if kind == "stalled-readers" else 256)
+    size = cast(int, extra.get("attack_size") or (300 if kind == "stalled-readers" else 256))
     target = server.address if kind == "stalled-readers" else f"127.0.0.1:{tcp_port}"
     # The readers' blocks take a quarter of DRAM (leased until their stall deadline), over
     # one connection: the load's clients have no tokens either, so the readers are one client
@@ -180,7 +168,7 @@ def _gather(procs: list[Any], q: Any, timeout_s: float, what: str) -> dict[int, 
     while len(got) < len(procs):
         try:
             item = q.get(timeout=0.5)
-            got[item if isinstance(item, int) else item.index] = item
+            got[item if isinstance(item, int) else item.worker] = item
         except queue.Empty:
             if all(not p.is_alive() for i, p in enumerate(procs) if i not in got):
                 break
@@ -319,26 +307,10 @@ def summary_row(run: LoadRun) -> Row:
     }
 
 
-def quarter_medians(footprint: list[Snapshot]) -> dict[str, int]:
-    """The median RSS over the first and over the last quarter of the timed loop.
-
-    Two single snapshots wander with what the server is doing at that instant (a batch in
-    flight); medians over a quarter each do not. A leak grows with time, so the last
-    quarter sits above the first; pools that reached their level under this load do not.
-    """
-    end_s = footprint[-1].at_s
-    first = [s.rss_bytes for s in footprint if s.at_s <= end_s / 4]
-    last = [s.rss_bytes for s in footprint if s.at_s >= end_s * 3 / 4]
-    return {
-        "rss_first_quarter_bytes": int(np.median(first)),
-        "rss_last_quarter_bytes": int(np.median(last)),
-    }
-
-
 def op_rows(run: LoadRun) -> list[Row]:
     """One row per op kind, then all ops together."""
     ops = sorted({k for r in run.results for k in r.latencies_s})
-    rows = []
+    rows: list[Row] = []
     for op in [*ops, None]:
         latencies = _latencies(run, op)
         rows.append(

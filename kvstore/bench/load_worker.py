@@ -101,7 +101,7 @@ class WorkerResult(NamedTuple):
     """What one worker saw: latencies of the timed loop; errors and integrity counts of all
     its ops (fill and warm-up too)."""
 
-    index: int
+    worker: int  # its index
     latencies_s: dict[str, np.ndarray]  # op name -> seconds of each op
     errors: dict[str, int]  # exception class -> count
     error_samples: dict[str, str]  # exception class -> first message

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import SupportsFloat, cast
 
 from kvstore.bench import scheduler_live, scheduler_matrix, scheduler_targets
 from kvstore.bench.options import extra_of
@@ -176,8 +177,10 @@ def plot(rows: list[Row], path: Path) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
     for policy in dict.fromkeys(str(r["policy"]) for r in rows):
         mine = sorted(
-            (float(r["speedup"]), float(r["goodput_rps"])) for r in rows if r["policy"] == policy
-        )  # type: ignore[arg-type]
+            (float(cast(SupportsFloat, r["speedup"])), float(cast(SupportsFloat, r["goodput_rps"])))
+            for r in rows
+            if r["policy"] == policy
+        )
         style = "o-" if policy.startswith("cache-aware") else "x--"
         left.plot([x for x, _ in mine], [y for _, y in mine], style, label=policy)
     left.set(xlabel="trace speedup", ylabel="goodput (requests/s within both SLOs)")

@@ -177,7 +177,12 @@ async def _replay(
     )  # fmt: skip
     server = await ConductorServer(config, profile).start()
     outcomes: list[CompletionOutcome] = []
-    server.conductor.listeners.append(lambda o: (outcomes.append(o), advance(1)))
+
+    def finished(outcome: CompletionOutcome) -> None:
+        outcomes.append(outcome)
+        advance(1)
+
+    server.conductor.listeners.append(finished)
     copies = {"replications": 0, "replicated_blocks": 0}
 
     def replicated(outcome: str, num_blocks: int) -> None:

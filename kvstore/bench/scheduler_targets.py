@@ -11,6 +11,7 @@ is a ratio to a baseline measured in the same run.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import SupportsFloat, cast
 
 from rich.console import Console
 
@@ -25,10 +26,11 @@ MIN_ACCEPTED_ATTAINMENT = 0.95
 def overloaded_speedups(rows: Sequence[Row]) -> list[float]:
     """Speedups at which prefix-rr's SLO attainment is under 90%."""
     return sorted(
-        float(r["speedup"])
-        for r in rows  # type: ignore[arg-type]
-        if r["policy"] == ANCHOR and float(r["slo_attainment"]) < OVERLOAD_ATTAINMENT
-    )  # type: ignore[arg-type]
+        float(cast(SupportsFloat, r["speedup"]))
+        for r in rows
+        if r["policy"] == ANCHOR
+        and float(cast(SupportsFloat, r["slo_attainment"])) < OVERLOAD_ATTAINMENT
+    )
 
 
 def _failures_at(rows: Sequence[Row], speedup: float) -> list[str]:

@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from kvstore.bench.trace_file import Request
 from kvstore.keys import KVLayout, Namespace
@@ -55,7 +55,10 @@ class ReplayConfig:
         return next(k for k in range(top, 0, -1) if self.dram_blocks % k == 0)
 
     def store_config(self, ssd_path: str) -> StoreConfig:
-        ssd = {"ssd_path": ssd_path, "ssd_bytes": self.ssd_blocks * self.block_bytes}
+        ssd: dict[str, Any] = {
+            "ssd_path": ssd_path,
+            "ssd_bytes": self.ssd_blocks * self.block_bytes,
+        }
         return StoreConfig(
             dram_bytes=self.dram_blocks * self.block_bytes,
             slab_bytes=self.slab_blocks * self.block_bytes,

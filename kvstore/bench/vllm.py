@@ -6,7 +6,7 @@ Workloads (token prompts, greedy, one request at a time):
   multi-round-qa  sessions whose every turn resends the history plus a new question.
 
 Needs `.venv-vllm` (`make test-vllm` makes it) and, for LMCache, `.venv-lmcache` (see
-README "Use with vLLM"). A system whose venv is missing is reported, not run.
+docs/vllm.md). A system whose venv is missing is reported, not run.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from kvstore.bench import dataplane_peers as peers
 from kvstore.bench import vllm_phases, vllm_tpot
@@ -35,7 +35,19 @@ from kvstore.bench.vllm_systems import ROOT, SYSTEMS, System
 
 log = logging.getLogger("kvstore.bench.vllm")
 ENGINE_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1"}
-SIZES = {  # quick: same rows, smaller model and prompts
+
+
+class RunSize(TypedDict):
+    """The model (a `kvstore.bench.vllm_model` size) and workloads of one run."""
+
+    model: str
+    doc_tokens: tuple[int, ...]  # long-doc QA document sizes
+    docs: int  # long-doc QA documents
+    sessions: int  # multi-round QA sessions
+    turns: int  # multi-round QA turns after the first
+
+
+SIZES: dict[bool, RunSize] = {  # quick: same rows, smaller model and prompts
     False: {
         "model": "bench",
         "doc_tokens": (512, 2048, 8192),
@@ -88,7 +100,7 @@ def long_doc_qa(num_docs: int, doc_tokens: int) -> dict[str, list[dict]]:
     return {"reader": asks + asks, "writer": writer}
 
 
-def workloads(size: dict[str, Any], doc_sizes: Sequence[int]) -> dict[str, dict[str, Any]]:
+def workloads(size: RunSize, doc_sizes: Sequence[int]) -> dict[str, dict[str, Any]]:
     """Sessions of each workload, and the writer's sessions that fill shared caches."""
     wl = {f"long-doc-qa/{n}": long_doc_qa(size["docs"], n) for n in doc_sizes}
     rng = random.Random(0)
@@ -269,7 +281,8 @@ def _run_tpot(model_dir: Path, doc_sizes: Sequence[int], workdir: Path) -> list[
         for n in doc_sizes:
             spec: dict[str, Any] = {"model": str(model_dir), "max_tokens": vllm_tpot.MAX_TOKENS}
             spec |= {"max_model_len": n + 512, "max_num_batched_tokens": n + 512, **server}
-            rounds, stats, identical = [], (0, 0, 0), True
+            rounds, identical = [], True
+            stats: tuple[int, ...] = (0, 0, 0)  # blocks published, dropped, failed
             for r in range(vllm_tpot.ROUNDS):
                 tpot_ms, outputs = {}, []
                 for name in vllm_tpot.order(r):

@@ -7,6 +7,7 @@ import pytest
 
 from kvstore.bench import dataplane
 from kvstore.bench import dataplane_peers as peers
+from kvstore.bench import dataplane_ratios as ratios
 
 MIB = 1 << 20
 
@@ -37,7 +38,7 @@ def test_ratios_and_missed_targets_per_block_size():
         ("kvstore-tcp", "get"): 1.6,
         ("tcp-socket", "get"): 2.0,
     }
-    (row,) = dataplane._ratios(_rows(gbps, MIB))[2:3]
+    (row,) = ratios.ratios(_rows(gbps, MIB))[2:3]
     assert row["block_bytes"] == MIB
     assert row["put/memcpy"] == pytest.approx(0.3) and row["get/memcpy"] == pytest.approx(0.9)
     assert row["put/mooncake"] == pytest.approx(1.5) and row["get/mooncake"] == pytest.approx(0.9)
@@ -50,7 +51,7 @@ def test_ratios_and_missed_targets_per_block_size():
 
 def test_memcpy_targets_start_at_1_mib():
     gbps = {("kvstore-shm", "put"): 1.0, ("memcpy", "put"): 10.0}
-    small = dataplane._ratio_row(_rows(gbps, 256 << 10), 256 << 10)
+    small = ratios.ratio_row(_rows(gbps, 256 << 10), 256 << 10)
     assert small["put/memcpy"] == pytest.approx(0.1) and small["missed"] == "-"
 
 
@@ -58,16 +59,14 @@ def test_a_missing_mooncake_piece_is_named_with_what_to_install(monkeypatch):
     import ctypes.util
     import importlib.util
 
-    from kvstore.bench import dataplane
-
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    assert dataplane.mooncake_missing() == (
+    assert peers.mooncake_missing() == (
         "Mooncake Store needs its package: pip install 'kvstore[peers]'"
     )
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
     no_rdma = {"ibverbs", "rdmacm"}
     monkeypatch.setattr(ctypes.util, "find_library", lambda n: None if n in no_rdma else n)
-    assert dataplane.mooncake_missing() == (
+    assert peers.mooncake_missing() == (
         "Mooncake Store needs Debian's libibverbs1 librdmacm1: "
         "apt-get install libibverbs1 librdmacm1"
     )
@@ -82,7 +81,7 @@ def test_ratios_to_the_ceilings_say_what_the_checks_leave():
         ("tcp-socket-crc32c", "get"): 1.6,
         ("tcp-socket", "get"): 2.0,
     }
-    row = dataplane._ratio_row(_rows(gbps, MIB), MIB)
+    row = ratios.ratio_row(_rows(gbps, MIB), MIB)
     assert row["get/ceiling"] == pytest.approx(0.75)
     assert row["ceiling get/memcpy"] == pytest.approx(0.8)
     assert row["ucx-tcp get/tcp-crc32c"] == pytest.approx(1.5 / 1.6)
@@ -136,11 +135,11 @@ def test_over_rounds_each_ratio_is_the_median_of_its_rounds_and_judged_on_it():
 
     # 0.5, 1.0, 0.95 (a round where the socket ran away is outvoted); 1 MiB is index 2
     rounds = [round_of(2.0, 4.0), round_of(2.0, 2.0), round_of(1.9, 2.0)]
-    row = dataplane._median_ratios(rounds)[2]
+    row = ratios.median_ratios(rounds)[2]
     assert row["block_bytes"] == MIB and row["rounds"] == 3
     assert row["tcp get/tcp-socket"] == pytest.approx(0.95)
     assert row["missed"] == "-"
-    (one,) = dataplane._median_ratios(rounds[:1])[2:3]
+    (one,) = ratios.median_ratios(rounds[:1])[2:3]
     assert one["missed"] == "tcp get/tcp-socket<0.9"
     assert row["ucx-tcp get/tcp-socket"] is None  # measured in no round: no ratio, no verdict
 
