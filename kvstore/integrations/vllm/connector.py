@@ -1,6 +1,6 @@
 """vLLM KV connector: kvstore as vLLM's external prefix cache.
 
-Enable it with one setting (see README, "Use with vLLM")::
+Enable it with one setting (see docs/vllm.md)::
 
     kv_transfer_config={
         "kv_connector": "KVStoreConnector",
@@ -12,9 +12,9 @@ Enable it with one setting (see README, "Use with vLLM")::
 Scheduler side: hashes each prompt's full blocks into kvstore keys (namespace: model,
 KV layout, block size; the request's `cache_salt` as tenant salt), asks the store for the
 longest stored prefix and plans loads and saves. Worker side: loads planned blocks into
-vLLM's paged cache (`vllm_loader.BlockLoader`: its fixed costs, the data-plane connection
+vLLM's paged cache (`loader.BlockLoader`: its fixed costs, the data-plane connection
 and a touched staging pool, are paid at start-up; where the layout allows, straight into
-the pages, layer by layer while the forward pass runs, `vllm_layer_load`; a load's phases
+the pages, layer by layer while the forward pass runs, `layer_load`; a load's phases
 are logged at debug level, `event=load_phases`, and totalled at shutdown, `event=load_stats`)
 and publishes newly computed prompt blocks
 after it through `kvstore.client.publishing.BlockPublisher`: one copy into a bounded pool of host
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -49,6 +48,7 @@ from kvstore.integrations.vllm.blocks import PagedBlocks
 from kvstore.integrations.vllm.config import ConnectorConfig
 from kvstore.integrations.vllm.layer_load import LayerLoad
 from kvstore.integrations.vllm.loader import BlockLoader
+from kvstore.integrations.vllm.log_routing import CONNECTOR_LOG, route_through_vllm
 from kvstore.integrations.vllm.namespace import namespace_for
 from kvstore.integrations.vllm.plan import BlockTransfer, RequestBlocks, loadable_prefix_len
 from kvstore.keys import Namespace
@@ -60,27 +60,8 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.request import Request
 
-log = logging.getLogger("kvstore.integrations.vllm.connector")
+log = logging.getLogger(CONNECTOR_LOG)
 WARM_UP_MODEL_ID = "kvstore/warm-up"  # the namespace of start-up transfers, never a prompt's
-_PUBLISHER_LOG = "kvstore.client.publishing"  # its publish_failed lines belong in vLLM's log too
-
-
-def _log_through_vllm(level: str) -> None:
-    """Sends this module's and the publisher's records to vLLM's handlers, so they appear
-    in vLLM's log. A `level` of its own (e.g. DEBUG, below vLLM's) gets a handler of its own
-    with vLLM's format, so vLLM's handlers keep their level."""
-    vllm_log = logging.getLogger("vllm")
-    handlers = list(vllm_log.handlers)
-    if level:
-        own = logging.StreamHandler(sys.stdout)
-        own.setFormatter(handlers[0].formatter if handlers else None)
-        handlers = [own]
-    for logger in (log, logging.getLogger(_PUBLISHER_LOG)):
-        if not logger.handlers:
-            for handler in handlers:
-                logger.addHandler(handler)
-            logger.propagate = False
-        logger.setLevel(level.upper() or vllm_log.level or logging.INFO)
 
 
 @dataclass
@@ -100,7 +81,7 @@ class KVStoreConnector(KVConnectorBase_V1):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         extra = self._kv_transfer_config.kv_connector_extra_config or {}
         self.config = ConnectorConfig.from_extra_config(extra)
-        _log_through_vllm(self.config.log_level)
+        route_through_vllm(self.config.log_level)
         self.block_tokens = vllm_config.cache_config.block_size
         self._client = Client(
             self.config.address,

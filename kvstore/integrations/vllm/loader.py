@@ -44,10 +44,11 @@ from kvstore.integrations.load_phases import LoadPhases, LoadResult, PhaseClock
 from kvstore.integrations.loaded_prefix import loaded_prefix_len
 from kvstore.integrations.vllm.blocks import PagedBlocks
 from kvstore.integrations.vllm.layer_load import Found, LayerLoad, failed, outcome
+from kvstore.integrations.vllm.log_routing import CONNECTOR_LOG
 from kvstore.integrations.vllm.plan import BlockTransfer
 from kvstore.keys import KEY_BYTES
 
-log = logging.getLogger("kvstore.integrations.vllm.connector")
+log = logging.getLogger(CONNECTOR_LOG)
 WARM_UP_IN_FLIGHT = 8  # gets at once; ucxx warns when many more wait on its futures pool
 LAYER_WAIT_MARGIN_S = 5.0  # a layer wait outlasts the data plane's deadline by this much
 
