@@ -34,9 +34,9 @@ import torch
 from gpu_engine.connector_base import BlockPages, ConnectorRequest, KVConnector
 from gpu_engine.kv_cache import KVCache
 from gpu_engine.offer_tracker import OfferTracker
-from gpu_engine.publisher import BlockPublisher, PublishStats
 from kvstore.auth import read_token_file
 from kvstore.client import TRANSPORT_CHOICES, Client
+from kvstore.client.publishing import BlockPublisher, PublishStats
 from kvstore.config import option
 from kvstore.errors import InvalidArgumentError, KVStoreError
 from kvstore.integrations.loaded_prefix import loaded_prefix_len
