@@ -1,7 +1,7 @@
 """The one-way layers of the source tree, read from its imports.
 
     vocabulary (keys, errors, results, checksum, wire, config, limits, auth, ...)
-      <- store core (kvstore.store)      <- node (kvstore.node, the data-plane servers)
+      <- store core (kvstore.store) <- tenancy <- node (kvstore.node, the data-plane servers)
       <- client side (kvstore.client, the data-plane clients)
 
 Two checks: the static one reads every import of every module (those under
@@ -61,8 +61,10 @@ VOCABULARY = (
     "kvstore._proto",
 )
 STORE = ("kvstore.store",)
+TENANCY = ("kvstore.tenancy",)  # beneath the node and the data-plane servers, which share it
 NODE_ONLY = (
     "kvstore.store",
+    "kvstore.tenancy",
     "kvstore.node",
     "kvstore.dataplane.servers",
     "kvstore.dataplane.shm.server",
@@ -120,10 +122,20 @@ def test_the_graph_reads_every_module():
     ("layer", "may_not_import"),
     [
         (VOCABULARY, (*STORE, *NODE_ONLY, *CLIENT_SIDE, "kvstore.conductor", "gpu_engine")),
-        (STORE, ("kvstore.node", "kvstore.dataplane", "kvstore.client", "kvstore.conductor")),
+        (
+            STORE,
+            (
+                "kvstore.tenancy",
+                "kvstore.node",
+                "kvstore.dataplane",
+                "kvstore.client",
+                "kvstore.conductor",
+            ),
+        ),
+        (TENANCY, ("kvstore.node", "kvstore.dataplane", "kvstore.client", "kvstore.conductor")),
         (CLIENT_SIDE, (*NODE_ONLY, "kvstore.conductor", "gpu_engine")),
     ],
-    ids=["vocabulary", "store", "client"],
+    ids=["vocabulary", "store", "tenancy", "client"],
 )
 def test_each_layer_imports_only_what_is_beneath_it(layer, may_not_import):
     wrong = sorted(

@@ -18,7 +18,7 @@ from typing import Any
 from kvstore import errors
 from kvstore.dataplane import frames
 from kvstore.dataplane.base import ServerSettings
-from kvstore.node.tenancy import TenantScope
+from kvstore.tenancy import TenantScope
 
 
 @dataclass

@@ -29,9 +29,9 @@ from kvstore.dataplane.base import DataPlaneServer
 from kvstore.errors import InvalidArgumentError
 from kvstore.metrics import CallMetrics, MetricsExporter, StoreCollector
 from kvstore.node.servicer import KVStoreServicer
-from kvstore.node.tenancy import Tenants
-from kvstore.node.tenancy.settings import TenancySettings, load_quotas, make_tenants
 from kvstore.store import Clock, Store, StoreConfig
+from kvstore.tenancy import Tenants
+from kvstore.tenancy.settings import TenancySettings, load_quotas, make_tenants
 
 log = logging.getLogger("kvstore.node.server")
 

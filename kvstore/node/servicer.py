@@ -1,5 +1,5 @@
 """The store's gRPC servicer: a thin layer that turns messages into store calls, each through
-the caller's tenant scope (`kvstore.node.tenancy.TenantScope`).
+the caller's tenant scope (`kvstore.tenancy.TenantScope`).
 
 All store calls run on the event loop thread; each is short and bounded by the batch limit.
 A typed store error becomes its status code, with the class name in trailing metadata so
@@ -21,8 +21,8 @@ from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.auth import Authenticator
 from kvstore.dataplane.base import DataPlaneServer
 from kvstore.errors import KVStoreError, UnavailableError
-from kvstore.node.tenancy import Tenants, TenantScope
 from kvstore.store import Store
+from kvstore.tenancy import Tenants, TenantScope
 
 T = TypeVar("T")
 
@@ -44,7 +44,7 @@ def _unary(
 
 
 class KVStoreServicer(pb_grpc.KVStoreServicer):
-    """Each call acts through the scope of the tenant its token names (`kvstore.node.tenancy`):
+    """Each call acts through the scope of the tenant its token names (`kvstore.tenancy`):
     the namespace ids it carries are that tenant's own, mapped before the store sees them."""
 
     def __init__(

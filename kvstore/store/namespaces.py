@@ -2,7 +2,7 @@
 with an SSD tier, kept beside the blocks so that a restarted store knows them again.
 
 A namespace is filed under the id the store uses for it: its own `Namespace.id` on a node
-without tenants, else the internal id its tenant's map gives it (`kvstore.node.tenancy`), with
+without tenants, else the internal id its tenant's map gives it (`kvstore.tenancy`), with
 the tenant that registered it. On SSD, a tenant's namespace is saved as `_TENANT_MAGIC`, the
 tenant and the encoded namespace, one line each; an anonymous one as the encoded namespace
 alone, as before tenants.

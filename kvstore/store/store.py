@@ -52,7 +52,7 @@ class Store(StoreWrites):
     written there before, and the namespaces registered then. Call `close` when done.
 
     Namespace ids here are the store's own: a node with tenants registers each tenant's
-    namespaces under internal ids (`kvstore.node.tenancy`), and the store charges every block to
+    namespaces under internal ids (`kvstore.tenancy`), and the store charges every block to
     the tenant of its namespace, against that tenant's `quotas` (None: no quotas).
     """
 

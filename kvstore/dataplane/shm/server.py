@@ -55,9 +55,9 @@ from kvstore.dataplane.shm.regions import Region, Regions, copy, copy_summed
 from kvstore.dataplane.sockets import messages as socket_messages
 from kvstore.dataplane.sockets.server import SocketServer
 from kvstore.metrics import CallMetrics
-from kvstore.node.tenancy import Tenants
 from kvstore.results import PutStatus
 from kvstore.store import Store
+from kvstore.tenancy import Tenants
 
 log = logging.getLogger("kvstore.dataplane")
 GET_SHARED_BYTES = 8 << 20  # a smaller get is copied by the connection's thread alone: a

@@ -30,8 +30,8 @@ from kvstore.dataplane.base import Admission, DataPlaneServer, ServerSettings
 from kvstore.dataplane.connections import Connection, Connections
 from kvstore.dataplane.sockets import messages as socket_messages
 from kvstore.metrics import CallMetrics
-from kvstore.node.tenancy import Tenants, TenantScope
 from kvstore.store import Store
+from kvstore.tenancy import Tenants, TenantScope
 
 log = logging.getLogger("kvstore.dataplane")
 REAP_PERIOD_S = 1.0

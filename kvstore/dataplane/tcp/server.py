@@ -50,9 +50,9 @@ from kvstore.dataplane.sockets import messages as socket_messages
 from kvstore.dataplane.sockets.server import SocketServer
 from kvstore.dataplane.tcp import streams
 from kvstore.metrics import CallMetrics
-from kvstore.node.tenancy import Tenants
 from kvstore.results import PutStatus
 from kvstore.store import Store
+from kvstore.tenancy import Tenants
 
 log = logging.getLogger("kvstore.dataplane")
 

@@ -31,7 +31,7 @@ Messages under tags no receive will match are dropped by the sweeper (`sweeper`)
 from the ones a connection may still receive by `expected`.
 
 Tenants: a connection is bound at admission to the tenant its authenticated handshake
-named, and every frame acts through that tenant's scope (`kvstore.node.tenancy.TenantScope`):
+named, and every frame acts through that tenant's scope (`kvstore.tenancy.TenantScope`):
 the namespace ids a frame names are the tenant's own, mapped as the gRPC calls map them.
 """
 
@@ -56,9 +56,9 @@ from kvstore.dataplane.ucx.expected_tags import ExpectedTags
 from kvstore.dataplane.ucx.runtime import UcxRuntime, with_deadline
 from kvstore.dataplane.ucx.sweeper import Sweeper, Swept, sweep_forever
 from kvstore.metrics import CallMetrics
-from kvstore.node.tenancy import Tenants, TenantScope
 from kvstore.results import PutStatus
 from kvstore.store import Store
+from kvstore.tenancy import Tenants, TenantScope
 
 log = logging.getLogger("kvstore.dataplane")
 SWEEP_PERIOD_S = 0.05  # how often the worker's unmatched messages are looked at (`sweeper`)

@@ -8,12 +8,12 @@ from dataclasses import dataclass
 
 from kvstore.errors import InvalidArgumentError
 from kvstore.keys import Namespace
-from kvstore.node.tenancy.tenant_map import TenantMap
 from kvstore.results import StoreStats
 from kvstore.store import Store
 from kvstore.store.counters import StoreCounters
 from kvstore.store.leases import Lease
 from kvstore.store.tiering import TieringCounters
+from kvstore.tenancy.tenant_map import TenantMap
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from kvstore.auth import Authenticator
 from kvstore.config import option
 from kvstore.errors import InvalidArgumentError
-from kvstore.node.tenancy.secret import load_secret
-from kvstore.node.tenancy.tenants import TenantRoles, Tenants
 from kvstore.store import Store
 from kvstore.store.config import StoreConfig
 from kvstore.store.quotas import QUOTA_TIERS, TenantQuotas
+from kvstore.tenancy.secret import load_secret
+from kvstore.tenancy.tenants import TenantRoles, Tenants
 
-log = logging.getLogger("kvstore.node.tenancy")
+log = logging.getLogger("kvstore.tenancy")
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from kvstore.store.config import StoreConfig
 from kvstore.store.leases import Lease
 
 if TYPE_CHECKING:
-    from kvstore.node.tenancy.tenants import Tenants
+    from kvstore.tenancy.tenants import Tenants
 
 
 class TenantScope:

@@ -8,9 +8,9 @@ import pytest
 from kvstore import errors
 from kvstore.checksum import checksum
 from kvstore.keys import KVLayout, Namespace, block_keys
-from kvstore.node.tenancy import TenantQuotas, TenantRoles, Tenants, TenantScope
 from kvstore.results import PutStatus
 from kvstore.store import Store, StoreConfig
+from kvstore.tenancy import TenantQuotas, TenantRoles, Tenants, TenantScope
 
 NS = Namespace("tenant-model", KVLayout("float16", 2, 1, 8, 4))  # 256-byte blocks
 BLOCK = NS.block_bytes

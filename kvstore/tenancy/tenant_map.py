@@ -42,7 +42,7 @@ class TenantMap:
     """Tenant namespace ids -> internal ids, and the rules of the public tenant.
 
     Args:
-        secret: the node's tenant secret (`kvstore.node.tenancy.secret`); None: identity mapping.
+        secret: the node's tenant secret (`kvstore.tenancy.secret`); None: identity mapping.
         public_tenant: the tenant whose namespaces all may read; "" for none.
     """
 

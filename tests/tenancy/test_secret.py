@@ -12,7 +12,7 @@ import pytest
 from kvstore import errors
 from kvstore.client import Client
 from kvstore.keys import KVLayout, Namespace, block_keys
-from kvstore.node.tenancy.secret import SSD_SECRET_NAME, load_secret, read_secret
+from kvstore.tenancy.secret import SSD_SECRET_NAME, load_secret, read_secret
 
 NS = Namespace("secret-model", KVLayout("float16", 2, 2, 16, 16))  # 4 KiB blocks
 BLOCK = NS.block_bytes

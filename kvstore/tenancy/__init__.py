@@ -12,10 +12,10 @@ either, nor make another's put fail. Per-tenant byte quotas per tier are the sto
 (`kvstore.store.quotas`), re-exported here for the node's flags.
 """
 
-from kvstore.node.tenancy.secret import load_secret
-from kvstore.node.tenancy.tenant_map import TenantMap
-from kvstore.node.tenancy.tenant_scope import TenantScope
-from kvstore.node.tenancy.tenants import TenantRoles, Tenants
 from kvstore.store.quotas import TenantQuotas
+from kvstore.tenancy.secret import load_secret
+from kvstore.tenancy.tenant_map import TenantMap
+from kvstore.tenancy.tenant_scope import TenantScope
+from kvstore.tenancy.tenants import TenantRoles, Tenants
 
 __all__ = ["TenantMap", "TenantQuotas", "TenantRoles", "TenantScope", "Tenants", "load_secret"]
