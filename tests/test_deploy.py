@@ -9,6 +9,7 @@ import shlex
 import subprocess
 import sys
 import venv
+import zipfile
 from pathlib import Path
 
 import kubernetes_validate
@@ -102,6 +103,11 @@ def test_wheel_installs_and_serves_in_a_fresh_venv(tmp_path):
     build = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", tmp_path]
     subprocess.run([*build, ROOT], check=True, capture_output=True, timeout=600)
     [wheel] = tmp_path.glob("kvstore-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        tops = {name.split("/")[0] for name in archive.namelist()}
+    # One package for the library (the benchmarks under it) and the engine: no tests, no
+    # top-level `bench` or `tiers`.
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"kvstore", "gpu_engine"}
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     pip = [env_dir / "bin" / "python", "-m", "pip", "install", "-q"]
