@@ -8,7 +8,7 @@ not reach the socket is elsewhere and does not try shm again (an unclaimed admis
 the node a connection slot until its hello deadline). Then, on a host with an RDMA device
 (`/sys/class/infiniband`), UCX first (where ucxx is installed), then the node's tcp plane;
 on a host without one the tcp plane first, then UCX: over TCP, UCX pays a tagged message
-per block and moved 64-256 KiB gets at 0.2-0.5x what the tcp plane moves (`tcp_server`).
+per block and moved 64-256 KiB gets at 0.2-0.5x what the tcp plane moves (`tcp.server`).
 The second is tried only where the node refuses the first.
 """
 

@@ -1,4 +1,4 @@
-"""The client's same-host calls, over one `ShmConnection` to a node (`shm_server`).
+"""The client's same-host calls, over one `ShmConnection` to a node (`shm.server`).
 
 Caller buffers in memory shared with the node (`buffer`, `share`) get their blocks copied
 straight in and out by the node; others go through the staging region (the node copies a

@@ -1,5 +1,5 @@
 """One same-host data-plane connection, client side: the Unix socket to one node
-(`shm_server`, over `socket_connection`), the staging region and the memory shared with it
+(`shm.server`, over `sockets.connection`), the staging region and the memory shared with it
 (`regions`); `ShmClient` makes its calls over it.
 
 The staging region grows to the largest call, up to the node's limit (stated at hello).

@@ -1,4 +1,4 @@
-"""Shared-memory regions of the same-host data plane (`shm_server`, `shm_client`).
+"""Shared-memory regions of the same-host data plane (`shm.server`, `shm.client`).
 
 A client makes a memfd file, seals it against shrinking and hands it to the node over a
 Unix socket; both map it, and the node copies blocks straight between the region and the

@@ -1,9 +1,9 @@
 """The store node's same-host side: blocks copied once, between the store's slots and a
 shared-memory region the client handed over (`regions`), on a Unix socket.
 
-Admission, the hello and the deadlines are `socket_server`'s: the gRPC handshake
+Admission, the hello and the deadlines are `sockets.server`'s: the gRPC handshake
 (`DataPlaneInfo`, transport "shm") admits the client, which then connects to the node's
-abstract Unix socket and sends HELLO with the secret and its region (`socket_messages`).
+abstract Unix socket and sends HELLO with the secret and its region (`sockets.messages`).
 
 Per call, on the connection's own thread (calls of one connection are served in order):
 

@@ -1,7 +1,7 @@
-"""What the client's socket-served data-plane connections share (`shm_connection`,
-`tcp_client`): the handshake, the socket to one node and the hello on it, the calls' checks
+"""What the client's socket-served data-plane connections share (`shm.connection`,
+`tcp.client`): the handshake, the socket to one node and the hello on it, the calls' checks
 on the caller's thread, calls run one at a time in the order they are made (`InOrder`),
-keep-alive pings, and the exchange of messages (`socket_messages`). A timeout or a broken
+keep-alive pings, and the exchange of messages (`sockets.messages`). A timeout or a broken
 socket closes the connection.
 """
 
@@ -40,7 +40,7 @@ class SocketConnection(DataPlaneClient):
     (the socket's timeout). Subclasses connect (`_connect`) and say hello (`_hello`)."""
 
     plane = ""
-    placed = True  # whether a CALL says where each block it moves is (`socket_messages`)
+    placed = True  # whether a CALL says where each block it moves is (`sockets.messages`)
 
     def __init__(self, handshake: Handshake, timeout_s: float = 30.0) -> None:
         self.timeout_s = timeout_s

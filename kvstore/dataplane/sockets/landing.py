@@ -1,4 +1,4 @@
-"""A same-host GET call's blocks as they land (`shm_client`): each found block is taken
+"""A same-host GET call's blocks as they land (`shm.client`): each found block is taken
 (checked where the caller reads it, copied out of the staging region first if it landed
 there) as soon as the node says it landed, while the node copies the next ones.
 

@@ -1,5 +1,5 @@
 """Messages of the socket data planes: the same-host plane over its Unix stream socket,
-and the TCP plane (`tcp_server`, `tcp_client`), whose CALLs carry no placement frame
+and the TCP plane (`tcp.server`, `tcp.client`), whose CALLs carry no placement frame
 (`decode_call(placed=False)`) and no file descriptors, with each call's block bytes on the
 stream between its messages.
 

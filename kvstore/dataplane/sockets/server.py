@@ -1,4 +1,4 @@
-"""What the node's socket-served data planes share (`shm_server`, `tcp_server`): a listener,
+"""What the node's socket-served data planes share (`shm.server`, `tcp.server`): a listener,
 a thread per accepted socket, admission through the gRPC handshake, the hello that claims
 an admission with its secret, and the deadlines that drop silent connections.
 

@@ -1,5 +1,5 @@
-"""The client's TCP calls, over one stream socket to a node (`tcp_server`, over
-`socket_connection`).
+"""The client's TCP calls, over one stream socket to a node (`tcp.server`, over
+`sockets.connection`).
 
 A get's blocks are received straight into the caller's buffers (host memory; device
 buffers through a host copy) and checked against the node's CRC32C as they land: a block
@@ -43,7 +43,7 @@ class TcpClient(SocketConnection):
     def __init__(self, handshake: Handshake, timeout_s: float = 30.0, host: str = "") -> None:
         self._host = host
         # (namespace, block size) -> whether to send a put's blocks behind it at once: yes,
-        # unless most blocks of its last put were present (`tcp_server`'s two puts).
+        # unless most blocks of its last put were present (`tcp.server`'s two puts).
         self._eager: dict[tuple[bytes, int], bool] = {}
         super().__init__(handshake, timeout_s)
 

@@ -1,14 +1,14 @@
 """The store node's TCP side: blocks move on the connection's own stream socket, straight
-between the store's slots and the socket, for clients on any host (`tcp_client`).
+between the store's slots and the socket, for clients on any host (`tcp.client`).
 
 UCX over TCP pays a message (and a tag match) per block, and a rendezvous for large ones;
 a stream has no message boundary to pay for, so small blocks cost what large ones cost
 per byte, and a block is one kernel copy on each side.
 
-Admission, the hello and the deadlines are `socket_server`'s: the gRPC handshake
+Admission, the hello and the deadlines are `sockets.server`'s: the gRPC handshake
 (`DataPlaneInfo`, transport "tcp") admits the client, which then connects to the node's
-TCP listener and sends HELLO with the secret (`socket_messages`, no region). Per call, in
-order (calls of one connection are served one at a time), the messages of `socket_messages`
+TCP listener and sends HELLO with the secret (`sockets.messages`, no region). Per call, in
+order (calls of one connection are served one at a time), the messages of `sockets.messages`
 without placements, and raw block bytes between them:
 
     GET  client -> CALL; the node leases the blocks, -> REPLY (found flags and each found

@@ -37,7 +37,7 @@ class ConnectorConfig:
             half is copied into vLLM's pages.
         load_by_layer: where the layout allows (vLLM's CPU pages, over the data plane),
             load straight into vLLM's pages layer by layer while the forward pass runs
-            (`vllm_layer_load`); else, and when false, load before the forward pass.
+            (`layer_load`); else, and when false, load before the forward pass.
         share_pages: with a node on this host and vLLM's CPU pages, share the pages with
             the node at start-up, in place (`Client.share`), so loads land in them with no
             copy on this side; when false, or where that is not possible, loads go through

@@ -17,7 +17,7 @@ paged layers, chunk k+1 is already landing in the other half.
 
 Where vLLM's pages keep each layer's part of a block contiguous in host memory (its CPU
 layout), loads need neither pool nor scatter: each layer's part lands straight in its page
-(a GET in parts, `vllm_layer_load`). With a node on this host the warm-up also shares those
+(a GET in parts, `layer_load`). With a node on this host the warm-up also shares those
 pages with it in place (`Client.share`: same addresses, same bytes, moved onto memory the
 node maps, every page mapped on both sides as it is shared), so the node copies each part
 straight into vLLM's page and this side only checks it. `load` does that before
@@ -94,7 +94,7 @@ class BlockLoader:
 
     def start_layers(self, transfer: BlockTransfer) -> LayerLoad | None:
         """Starts `transfer` straight into vLLM's pages, layer by layer, beside the forward
-        pass (`vllm_layer_load`), where the path and the layout allow: the data plane, and
+        pass (`layer_load`), where the path and the layout allow: the data plane, and
         host pages that keep each layer's part of a block contiguous. None elsewhere: then
         `load`, before the forward pass."""
         if not self._by_layer:
