@@ -64,6 +64,25 @@ def round_trip_works(node: EmbeddedServer, seed: int, transport: str) -> None:
     quiet(node)
 
 
+class Plane:
+    """The helpers above with one plane's transport bound, for that plane's own tests."""
+
+    def __init__(self, transport: str) -> None:
+        self.transport = transport
+
+    def client(self, node: EmbeddedServer, transport: str = "") -> Client:
+        return client(node, transport or self.transport)
+
+    def round_trip_works(self, node: EmbeddedServer, seed: int) -> None:
+        round_trip_works(node, seed, self.transport)
+
+    def admission(self, node: EmbeddedServer) -> pb.DataPlaneInfoResponse:
+        return admission(node, self.transport)
+
+    def raw_socket(self, node: EmbeddedServer) -> socket.socket:
+        return raw_socket(node, self.transport)
+
+
 # -- a raw socket, as an adversary speaks to a plane -----------------------------------------
 
 

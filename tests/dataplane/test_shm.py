@@ -44,22 +44,9 @@ from tests.dataplane.socket_planes import NS
 
 _chain, _blocks, _quiet = planes.chain, planes.blocks, planes.quiet
 _answer, _sealed_region = planes.answer, planes.sealed_region
-
-
-def _client(node, transport: str = "shm") -> Client:
-    return planes.client(node, transport)
-
-
-def _round_trip_works(node, seed: int) -> None:
-    planes.round_trip_works(node, seed, "shm")
-
-
-def _admission(node) -> pb.DataPlaneInfoResponse:
-    return planes.admission(node, "shm")
-
-
-def _raw_socket(node) -> socket.socket:
-    return planes.raw_socket(node, "shm")
+SHM = planes.Plane("shm")
+_client, _round_trip_works = SHM.client, SHM.round_trip_works
+_admission, _raw_socket = SHM.admission, SHM.raw_socket
 
 
 REGION_LIMIT = planes.REGION_BYTES

@@ -21,7 +21,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvstore import errors
-from kvstore._proto import kvstore_pb2 as pb
 from kvstore.auth import ListenerSecurity
 from kvstore.checksum import checksum
 from kvstore.client import Client
@@ -40,22 +39,9 @@ from tests.dataplane.socket_planes import NS
 
 _chain, _blocks, _quiet, _closed = planes.chain, planes.blocks, planes.quiet, planes.closed
 _answer = planes.answer
-
-
-def _client(node, transport: str = "tcp") -> Client:
-    return planes.client(node, transport)
-
-
-def _round_trip_works(node, seed: int) -> None:
-    planes.round_trip_works(node, seed, "tcp")
-
-
-def _admission(node) -> pb.DataPlaneInfoResponse:
-    return planes.admission(node, "tcp")
-
-
-def _raw_socket(node) -> socket.socket:
-    return planes.raw_socket(node, "tcp")
+TCP = planes.Plane("tcp")
+_client, _round_trip_works = TCP.client, TCP.round_trip_works
+_admission, _raw_socket = TCP.admission, TCP.raw_socket
 
 
 def _node(host: str = "127.0.0.1") -> EmbeddedServer:
