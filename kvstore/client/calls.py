@@ -137,32 +137,37 @@ def put_steps(
     return put_result(reserved)
 
 
+class _Done(NamedTuple, Generic[T]):
+    value: T
+
+
+def _advance(steps: Steps[T], result: Any, error: BaseException | None) -> Call[Any] | _Done[T]:
+    """The next call of `steps`, after sending it `result` or throwing in `error`; or what
+    it returned."""
+    try:
+        return steps.throw(error) if error is not None else steps.send(result)
+    except StopIteration as done:
+        return _Done(done.value)
+
+
 def drive(steps: Steps[T], run: Callable[[Call[Any]], Any]) -> T:
     """Runs each call `steps` yields with `run`, sending back its result or throwing in
     its error; returns what `steps` returns."""
-    outcome: tuple[Any, BaseException | None] = (None, None)
-    while True:
+    result, error = None, None
+    while not isinstance(call := _advance(steps, result, error), _Done):
         try:
-            result, error = outcome
-            call = steps.throw(error) if error is not None else steps.send(result)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        try:
-            outcome = (run(call), None)
+            result, error = run(call), None
         except BaseException as exc:
-            outcome = (None, exc)
+            result, error = None, exc
+    return call.value
 
 
 async def drive_async(steps: Steps[T], run: Callable[[Call[Any]], Awaitable[Any]]) -> T:
     """`drive`, awaiting each call."""
-    outcome: tuple[Any, BaseException | None] = (None, None)
-    while True:
+    result, error = None, None
+    while not isinstance(call := _advance(steps, result, error), _Done):
         try:
-            result, error = outcome
-            call = steps.throw(error) if error is not None else steps.send(result)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        try:
-            outcome = (await run(call), None)
+            result, error = await run(call), None
         except BaseException as exc:
-            outcome = (None, exc)
+            result, error = None, exc
+    return call.value
