@@ -35,7 +35,7 @@ Advance = Callable[[int], None]
 Together = Callable[[Sequence[tuple[int, list[int]]], SamplingParams], list["GenerateResult"]]
 
 
-class EngineHandle(Protocol):
+class WorkloadEngine(Protocol):
     """What a workload needs of an engine: `EngineClient`'s generate and load."""
 
     def generate(self, prompt: list[int], params: SamplingParams) -> GenerateResult: ...
@@ -76,7 +76,7 @@ class Workload:
 
     def drive(
         self,
-        engines: Sequence[EngineHandle],
+        engines: Sequence[WorkloadEngine],
         shape: Shape,
         warm: bool,
         advance: Advance,
@@ -92,7 +92,7 @@ class SystemPrompt(Workload):
 
     def drive(
         self,
-        engines: Sequence[EngineHandle],
+        engines: Sequence[WorkloadEngine],
         shape: Shape,
         warm: bool,
         advance: Advance,
@@ -116,7 +116,7 @@ class MultiRoundQA(Workload):
 
     def drive(
         self,
-        engines: Sequence[EngineHandle],
+        engines: Sequence[WorkloadEngine],
         shape: Shape,
         warm: bool,
         advance: Advance,
@@ -148,7 +148,7 @@ class LongDocQA(Workload):
 
     def drive(
         self,
-        engines: Sequence[EngineHandle],
+        engines: Sequence[WorkloadEngine],
         shape: Shape,
         warm: bool,
         advance: Advance,
@@ -159,7 +159,7 @@ class LongDocQA(Workload):
         params = SamplingParams(max_tokens=shape.max_tokens)
         reader, fresh = engines
 
-        def ask(engine: EngineHandle, phase: int) -> list[GenerateResult]:
+        def ask(engine: WorkloadEngine, phase: int) -> list[GenerateResult]:
             questions = np.random.default_rng([3, phase])  # the same in every mode
             outs = []
             for doc in docs:
@@ -175,7 +175,7 @@ class LongDocQA(Workload):
         return WorkloadRun(measured, repeat)
 
 
-def _wait_published(engine: EngineHandle, timeout_s: float = 60.0) -> None:
+def _wait_published(engine: WorkloadEngine, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while (load := engine.load()).num_pending_blocks and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -20,7 +20,7 @@ from kvstore.bench.suites import SuiteOptions
 from kvstore.bench.trace_file import (
     DEFAULT_TRACE,
     WEIGHTINGS,
-    Request,
+    TraceLine,
     hit_ratio,
     load_trace,
     sweep_capacities,
@@ -63,7 +63,7 @@ def _settings(options: SuiteOptions) -> dict[str, object]:
     return {**DEFAULTS, **extra_of(options)}
 
 
-def _references(requests: Sequence[Request], capacity: int, weighting: str) -> Row:
+def _references(requests: Sequence[TraceLine], capacity: int, weighting: str) -> Row:
     """LRU, Belady and unbounded hit ratios on `requests` at `capacity` blocks."""
     return {
         "lru_hit_ratio": hit_ratio(requests, trace_sim.simulate_lru(requests, capacity), weighting),
@@ -87,7 +87,7 @@ def _tier_fields(result: ReplayResult) -> Row:
 
 def _row(
     settings: Mapping[str, object],
-    requests: Sequence[Request],
+    requests: Sequence[TraceLine],
     result: ReplayResult,
     config: ReplayConfig,
     refs: Row,
@@ -110,7 +110,7 @@ def _row(
     }
 
 
-def _check_fits(requests: Sequence[Request], dram_blocks: int) -> None:
+def _check_fits(requests: Sequence[TraceLine], dram_blocks: int) -> None:
     """A request reserves all its missing blocks in DRAM at once; they must fit."""
     longest = max((len(r.hash_ids) for r in requests), default=0)
     if longest > dram_blocks:
@@ -151,7 +151,10 @@ def run(options: SuiteOptions) -> list[Row]:
 
 
 def _sweep(
-    requests: Sequence[Request], policies: Sequence[str], weighting: str, capacities: Sequence[int]
+    requests: Sequence[TraceLine],
+    policies: Sequence[str],
+    weighting: str,
+    capacities: Sequence[int],
 ) -> dict[str, list[float]]:
     """Hit ratio per capacity for each policy (simulated as the store drives it) and Belady."""
     lines: dict[str, list[float]] = {name: [] for name in [*policies, "belady"]}

@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 from kvstore.bench import trace_sim
 from kvstore.bench.report import Row, progress_bar
-from kvstore.bench.trace_file import Request, hit_ratio, load_trace, sweep_capacities
+from kvstore.bench.trace_file import TraceLine, hit_ratio, load_trace, sweep_capacities
 from kvstore.bench.trace_gen import generate
 from kvstore.store.eviction import EvictionPolicy, Prefix2QPolicy, PrefixLRUPolicy
 
@@ -53,7 +53,7 @@ KEEP_LOSS = 0.99  # the minimum anywhere
 class Trace(NamedTuple):
     family: str
     name: str
-    requests: list[Request]
+    requests: list[TraceLine]
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def make_variant(variant: str) -> EvictionPolicy:
     return WITHOUT[variant]() if variant else Prefix2QPolicy()
 
 
-def _simulate(requests: Sequence[Request], capacity: int, variant: str, weighting: str) -> float:
+def _simulate(requests: Sequence[TraceLine], capacity: int, variant: str, weighting: str) -> float:
     num_hit = trace_sim.simulate_instance(requests, capacity, make_variant(variant))
     return hit_ratio(requests, num_hit, weighting)
 

@@ -21,19 +21,19 @@ DEFAULT_TRACE = (
 )  # see its README
 
 
-class Request(NamedTuple):
+class TraceLine(NamedTuple):
     timestamp_ms: int
     input_len: int
     output_len: int
     hash_ids: tuple[int, ...]
 
 
-def parse_request(line: str) -> Request:
+def parse_request(line: str) -> TraceLine:
     """One trace line; raises ValueError naming the missing or malformed field."""
     try:
         obj = json.loads(line)
         hash_ids = tuple(int(h) for h in obj["hash_ids"])
-        req = Request(
+        req = TraceLine(
             int(obj["timestamp"]), int(obj["input_length"]), int(obj["output_length"]), hash_ids
         )
     except (KeyError, TypeError, ValueError) as exc:  # bad JSON is a ValueError too
@@ -43,10 +43,10 @@ def parse_request(line: str) -> Request:
     return req
 
 
-def load_trace(path: Path, limit: int | None = None) -> list[Request]:
+def load_trace(path: Path, limit: int | None = None) -> list[TraceLine]:
     """The first `limit` requests of `path` (all when None), blank lines skipped, their
     ids made prefix ids (`chain_ids`)."""
-    requests: list[Request] = []
+    requests: list[TraceLine] = []
     with path.open() as f:
         for number, line in enumerate(f, 1):
             if limit is not None and len(requests) >= limit:
@@ -59,7 +59,7 @@ def load_trace(path: Path, limit: int | None = None) -> list[Request]:
     return chain_ids(requests)
 
 
-def chain_ids(requests: Sequence[Request]) -> list[Request]:
+def chain_ids(requests: Sequence[TraceLine]) -> list[TraceLine]:
     """Makes an id stand for one prefix: an id seen under another parent than the first
     time gets a fresh id for each such parent.
 
@@ -84,25 +84,25 @@ def chain_ids(requests: Sequence[Request]) -> list[Request]:
     return out
 
 
-def _token_weights(req: Request) -> list[int]:
+def _token_weights(req: TraceLine) -> list[int]:
     """512 tokens a block, except the last: what is left of the prompt, when positive."""
     n = len(req.hash_ids)
     last = req.input_len - BLOCK_TOKENS * (n - 1)
     return [BLOCK_TOKENS] * (n - 1) + [last if last > 0 else BLOCK_TOKENS]
 
 
-def _block_weights(req: Request) -> list[int]:
+def _block_weights(req: TraceLine) -> list[int]:
     """512 tokens for every block: the convention of the reference table in traces/README."""
     return [BLOCK_TOKENS] * len(req.hash_ids)
 
 
-Weighting = Callable[[Request], list[int]]
+Weighting = Callable[[TraceLine], list[int]]
 WEIGHTINGS: MappingProxyType[str, Weighting] = MappingProxyType(
     {"tokens": _token_weights, "blocks": _block_weights}
 )
 
 
-def hit_ratio(requests: Sequence[Request], num_hit: Sequence[int], weighting: str) -> float:
+def hit_ratio(requests: Sequence[TraceLine], num_hit: Sequence[int], weighting: str) -> float:
     """Hit tokens over prompt tokens, where request i hit its first `num_hit[i]` blocks."""
     weigh = WEIGHTINGS[weighting]
     hit = total = 0
@@ -113,7 +113,7 @@ def hit_ratio(requests: Sequence[Request], num_hit: Sequence[int], weighting: st
     return hit / total if total else 0.0
 
 
-def sweep_capacities(requests: Sequence[Request], fractions: Sequence[float]) -> list[int]:
+def sweep_capacities(requests: Sequence[TraceLine], fractions: Sequence[float]) -> list[int]:
     """Capacities at `fractions` of the distinct blocks of `requests`, each at least the
     longest request (a request's blocks must fit at once), ascending, without repeats."""
     distinct = len({h for req in requests for h in req.hash_ids})

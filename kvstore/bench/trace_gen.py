@@ -31,7 +31,7 @@ from types import MappingProxyType
 from kvstore.bench.options import extra_of
 from kvstore.bench.report import Row, progress_bar
 from kvstore.bench.suites import SuiteOptions
-from kvstore.bench.trace_file import BLOCK_TOKENS, Request, hit_ratio
+from kvstore.bench.trace_file import BLOCK_TOKENS, TraceLine, hit_ratio
 from kvstore.bench.trace_sim import simulate_unbounded
 
 
@@ -101,7 +101,7 @@ class _Prompt:
 
 def generate(
     kind: str, num_sessions: int, seed: int = 0, advance: Callable[[int], None] = lambda n: None
-) -> list[Request]:
+) -> list[TraceLine]:
     """A trace of `num_sessions` sessions of `kind`, the same for the same arguments.
 
     `advance(1)` as each session ends.
@@ -115,7 +115,7 @@ def generate(
     active: list[tuple[_Prompt, list[int]]] = []  # (prompt, [turns left])
     started = 0
     now_ms = 0.0
-    requests: list[Request] = []
+    requests: list[TraceLine] = []
     while started < num_sessions or active:
         while len(active) < shape.concurrency and started < num_sessions:
             turns = 1 + int(rng.expovariate(1 / (shape.mean_turns - 1)))
@@ -125,7 +125,7 @@ def generate(
         prompt, turns_left = active[session]
         prompt.append(next_segment, rng.randint(*shape.user_tokens))
         answer = rng.randint(*shape.answer_tokens)
-        requests.append(Request(int(now_ms), prompt.num_tokens, answer, tuple(prompt.hash_ids())))
+        requests.append(TraceLine(int(now_ms), prompt.num_tokens, answer, tuple(prompt.hash_ids())))
         prompt.append(next_segment + 1, answer)
         next_segment += 2
         now_ms += rng.expovariate(1 / shape.mean_gap_ms)
@@ -136,7 +136,7 @@ def generate(
     return requests
 
 
-def write_trace(requests: list[Request], path: Path) -> None:
+def write_trace(requests: list[TraceLine], path: Path) -> None:
     """Writes `requests` as Mooncake-format JSONL."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:

@@ -17,7 +17,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from kvstore.bench.trace_file import Request
+from kvstore.bench.trace_file import TraceLine
 from kvstore.store.eviction import EvictionPolicy, make_policy
 
 NEVER = math.inf
@@ -31,7 +31,7 @@ def prefix_len(ids: Sequence[int], present: object) -> int:
     return k
 
 
-def simulate_unbounded(requests: Sequence[Request]) -> list[int]:
+def simulate_unbounded(requests: Sequence[TraceLine]) -> list[int]:
     """Infinite cache: a block hits from its second use on."""
     seen: set[int] = set()
     num_hit = []
@@ -41,7 +41,7 @@ def simulate_unbounded(requests: Sequence[Request]) -> list[int]:
     return num_hit
 
 
-def simulate_lru(requests: Sequence[Request], capacity: int) -> list[int]:
+def simulate_lru(requests: Sequence[TraceLine], capacity: int) -> list[int]:
     """The reference LRU of traces/README.md: blocks accessed one by one in chain order."""
     cache: OrderedDict[int, None] = OrderedDict()  # least recent first
     num_hit = []
@@ -57,7 +57,7 @@ def simulate_lru(requests: Sequence[Request], capacity: int) -> list[int]:
     return num_hit
 
 
-def next_uses(requests: Sequence[Request]) -> list[list[float]]:
+def next_uses(requests: Sequence[TraceLine]) -> list[list[float]]:
     """`out[i][d]`: index of the next request after i that holds block d of request i."""
     out: list[list[float]] = [[] for _ in requests]
     upcoming: dict[int, float] = {}
@@ -96,7 +96,7 @@ class _Belady:
         self.put(block, rank)
 
 
-def simulate_belady(requests: Sequence[Request], capacity: int) -> list[int]:
+def simulate_belady(requests: Sequence[TraceLine], capacity: int) -> list[int]:
     """Offline optimum with prefix semantics; deeper blocks are evicted first on ties.
 
     A child is never used again before its parent (every request holding it holds the
@@ -111,13 +111,15 @@ def simulate_belady(requests: Sequence[Request], capacity: int) -> list[int]:
     return num_hit
 
 
-def simulate_policy(requests: Sequence[Request], capacity: int, policy: str) -> list[int]:
+def simulate_policy(requests: Sequence[TraceLine], capacity: int, policy: str) -> list[int]:
     """A registry policy driven exactly as `Store` drives it during a trace replay
     (`simulate_instance` on a fresh `make_policy(policy)`)."""
     return simulate_instance(requests, capacity, make_policy(policy))
 
 
-def simulate_instance(requests: Sequence[Request], capacity: int, pol: EvictionPolicy) -> list[int]:
+def simulate_instance(
+    requests: Sequence[TraceLine], capacity: int, pol: EvictionPolicy
+) -> list[int]:
     """`pol`, empty, driven exactly as `Store` drives its policy during a trace replay.
 
     Per request: match; touch the hits (acquire); touch the present parents of the rest

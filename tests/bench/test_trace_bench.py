@@ -10,7 +10,7 @@ import pytest
 from kvstore.bench import trace_sim
 from kvstore.bench.__main__ import main
 from kvstore.bench.trace import SWEEP_FRACTIONS, sweep_capacities
-from kvstore.bench.trace_file import DEFAULT_TRACE, Request, hit_ratio, load_trace
+from kvstore.bench.trace_file import DEFAULT_TRACE, TraceLine, hit_ratio, load_trace
 from kvstore.bench.trace_replay import ReplayConfig, replay
 from kvstore.store.eviction import POLICIES
 from tests.conftest import require_extra
@@ -33,12 +33,12 @@ def tiny_path(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def tiny(tiny_path: Path) -> list[Request]:
+def tiny(tiny_path: Path) -> list[TraceLine]:
     return load_trace(tiny_path)
 
 
-def test_load_trace(tiny: list[Request], tiny_path: Path) -> None:
-    assert tiny[1] == Request(5, 1100, 1, (1, 2, 4))
+def test_load_trace(tiny: list[TraceLine], tiny_path: Path) -> None:
+    assert tiny[1] == TraceLine(5, 1100, 1, (1, 2, 4))
     assert load_trace(tiny_path, limit=2) == tiny[:2]
 
 
@@ -49,14 +49,14 @@ def test_bad_line_is_rejected(tmp_path: Path) -> None:
         load_trace(path)
 
 
-def test_weightings(tiny: list[Request]) -> None:
+def test_weightings(tiny: list[TraceLine]) -> None:
     num_hit = trace_sim.simulate_unbounded(tiny)
     assert num_hit == [0, 2, 1, 3]
     assert hit_ratio(tiny, num_hit, "tokens") == (1024 + 512 + 1536) / TOTAL_TOKENS
     assert hit_ratio(tiny, num_hit, "blocks") == 6 / 11
 
 
-def test_reference_lru_and_belady_exact(tiny: list[Request]) -> None:
+def test_reference_lru_and_belady_exact(tiny: list[TraceLine]) -> None:
     assert trace_sim.simulate_lru(tiny, 3) == [0, 2, 1, 1]
     assert trace_sim.simulate_lru(tiny, 2) == [0, 0, 0, 1]
     assert trace_sim.simulate_belady(tiny, 3) == [0, 2, 1, 3]
@@ -66,7 +66,7 @@ def test_reference_lru_and_belady_exact(tiny: list[Request]) -> None:
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 @pytest.mark.parametrize("capacity", [3, 4, 5])
 def test_store_replay_equals_policy_simulation(
-    tiny: list[Request], policy: str, capacity: int
+    tiny: list[TraceLine], policy: str, capacity: int
 ) -> None:
     result = replay(tiny, ReplayConfig(capacity, policy=policy))
     assert result.num_hit == trace_sim.simulate_policy(tiny, capacity, policy)
@@ -148,9 +148,9 @@ def test_cli_plot_writes_png(tiny_path: Path, tmp_path: Path) -> None:
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_plot_capacities_scale_with_the_trace(tiny: list[Request]) -> None:
+def test_plot_capacities_scale_with_the_trace(tiny: list[TraceLine]) -> None:
     assert sweep_capacities(tiny, SWEEP_FRACTIONS) == [3, 4]  # 5 distinct; longest is 3
-    requests = [Request(0, 512, 1, tuple(range(i, i + 10))) for i in range(0, 1000, 10)]
+    requests = [TraceLine(0, 512, 1, tuple(range(i, i + 10))) for i in range(0, 1000, 10)]
     assert sweep_capacities(requests, SWEEP_FRACTIONS) == [10, 20, 50, 100, 200, 450, 700]
 
 
@@ -170,7 +170,7 @@ def test_ids_under_another_prefix_become_distinct_blocks(tmp_path: Path) -> None
     assert rows[0]["hit_ratio"] == 1300 / (4 * 1300)  # all of request 2's 1,300 tokens
 
 
-def test_chained_ids_are_unchanged(tiny: list[Request]) -> None:
+def test_chained_ids_are_unchanged(tiny: list[TraceLine]) -> None:
     assert [list(r.hash_ids) for r in tiny] == [r["hash_ids"] for r in TINY]
     if DEFAULT_TRACE.exists():
         requests = load_trace(DEFAULT_TRACE, limit=500)

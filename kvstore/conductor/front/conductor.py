@@ -56,7 +56,7 @@ from kvstore.conductor.front.completion import (
     CompletionRequest,
     RejectedError,
 )
-from kvstore.conductor.front.engine_handle import Engine, EngineChunk
+from kvstore.conductor.front.engine_handle import EngineBackend, EngineChunk
 from kvstore.conductor.front.live_view import LiveCluster, PromptBlocks, prompt_blocks
 from kvstore.conductor.request import SchedRequest
 from kvstore.conductor.slo import SLO
@@ -129,7 +129,7 @@ class Conductor:
 
     def __init__(
         self,
-        engines: Sequence[Engine],
+        engines: Sequence[EngineBackend],
         roles: Roles,
         cluster: LiveCluster,
         policy: SchedulingPolicy,
@@ -195,7 +195,7 @@ class Conductor:
         task.add_done_callback(self._replicating.discard)
         self._replicated("started", 0)
 
-    async def _prefetch(self, engine: Engine, tokens: Sequence[int]) -> None:
+    async def _prefetch(self, engine: EngineBackend, tokens: Sequence[int]) -> None:
         try:
             loaded = await engine.prefetch(tokens)
         except KVStoreError as exc:
@@ -315,7 +315,7 @@ class Conductor:
                     t.finish_reason = msg.finish_reason
 
     def _generate(
-        self, engine: Engine, t: Ticket, published: int
+        self, engine: EngineBackend, t: Ticket, published: int
     ) -> AsyncGenerator[EngineChunk, None]:
         r = t.request
         return engine.generate(r.prompt_token_ids, r.max_tokens, r.temperature, r.seed, published)

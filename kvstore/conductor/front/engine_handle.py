@@ -39,7 +39,7 @@ class EngineChunk(NamedTuple):
     num_published_tokens: int = 0
 
 
-class Engine(Protocol):
+class EngineBackend(Protocol):
     """What the conductor calls on an engine: `EngineHandle` (a `kvstore engine` process)
     or `openai_backend.OpenAIBackend` (an OpenAI-compatible server)."""
 

@@ -28,7 +28,7 @@ from kvstore.conductor.base import PolicyContext
 from kvstore.conductor.cost_model import CostModel
 from kvstore.conductor.front.conductor import Conductor, Roles
 from kvstore.conductor.front.config import ConductorConfig
-from kvstore.conductor.front.engine_handle import Engine, EngineHandle, EngineStatus
+from kvstore.conductor.front.engine_handle import EngineBackend, EngineHandle, EngineStatus
 from kvstore.conductor.front.grpc_api import SERVICE, ConductorServicer
 from kvstore.conductor.front.http_api import HttpApi
 from kvstore.conductor.front.live_view import LiveCluster, LiveDecode, LivePrefill
@@ -66,7 +66,7 @@ class ConductorServer:
         self._store: AsyncClient | None = None
         self._auth = read_tokens(config.security)
         self.streams = StreamSlots(config.streams.limits, "conductor")
-        self.engines: list[Engine] = []
+        self.engines: list[EngineBackend] = []
 
     async def start(self) -> ConductorServer:
         c = self.config
@@ -94,7 +94,7 @@ class ConductorServer:
         )  # fmt: skip
         return self
 
-    def _engine(self, address: str) -> Engine:
+    def _engine(self, address: str) -> EngineBackend:
         c = self.config
         if is_backend_address(address):
             return OpenAIBackend(address, c.engine_timeout_s, c.backend_block_tokens)
@@ -110,7 +110,7 @@ class ConductorServer:
         policy = make_scheduling_policy(c.policy, PolicyContext(cost, c.slo, c.seed))
         return Conductor(self.engines, roles, cluster, policy, namespace, self._store, seed=c.seed)
 
-    async def _ready(self, engine: Engine) -> EngineStatus:
+    async def _ready(self, engine: EngineBackend) -> EngineStatus:
         """The engine's Load, retried until `ready_timeout_s` (engines start slowly)."""
         deadline = asyncio.get_running_loop().time() + self.config.ready_timeout_s
         while True:
@@ -158,7 +158,7 @@ class ConductorServer:
     async def health(self) -> dict[str, bool]:
         """Each engine's address and whether it answered Load within 2 s."""
 
-        async def answers(engine: Engine) -> bool:
+        async def answers(engine: EngineBackend) -> bool:
             try:
                 await engine.load(timeout_s=HEALTH_TIMEOUT_S)
             except KVStoreError:
