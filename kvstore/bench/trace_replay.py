@@ -1,9 +1,9 @@
 """Replay a trace through a real in-process `Store`: match, read the hits, put the rest.
 
 Per request: keys are blake2b of each hash id; `match` gives the hit prefix and its tiers;
-`acquire`/`release` reads the hits (touching them in the policy); `reserve` the rest with
-their chain predecessors as parents, `write` a small payload derived from each key, and
-`commit`. Demotion runs inline (no background thread), so a replay is deterministic.
+`acquire` reads the hits (touching them in the policy); `reserve` the rest with their chain
+predecessors as parents, and the reservation writes a small payload derived from each key
+and commits. Demotion runs inline (no background thread), so a replay is deterministic.
 
 Capacity is exact in blocks: DRAM holds `dram_blocks` slots of `block_bytes` (a multiple of
 64, the slot alignment) in slabs of `k * block_bytes`, `k` the largest divisor of
@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from kvstore.bench.trace_file import Request
+from kvstore.bench.trace_file import TraceLine
 from kvstore.keys import KVLayout, Namespace
 from kvstore.results import PutStatus, StoreStats
 from kvstore.store import Store, StoreConfig
@@ -99,19 +99,19 @@ def _serve(store: Store, ns_id: bytes, keys: Sequence[bytes], block_bytes: int) 
     match = store.match(ns_id, keys)
     k = match.num_matched
     if k:
-        store.release(store.acquire(ns_id, keys[:k]).lease_id)
+        store.acquire(ns_id, keys[:k]).release()
     if k < len(keys):
         parents = [None, *keys[:-1]][k:]
         res = store.reserve(ns_id, keys[k:], parents)
         for i, status in enumerate(res.statuses):
             if status is PutStatus.RESERVED:
-                store.write(res.reservation_id, i, 0, _payload(keys[k + i], block_bytes))
-        store.commit(res.reservation_id)
+                res.write(i, 0, _payload(keys[k + i], block_bytes))
+        res.commit()
     return list(match.tiers)
 
 
 def replay(
-    requests: Sequence[Request],
+    requests: Sequence[TraceLine],
     config: ReplayConfig,
     advance: Callable[[int], None] = lambda n: None,
 ) -> ReplayResult:
@@ -125,7 +125,10 @@ def replay(
 
 
 def _replay(
-    store: Store, requests: Sequence[Request], config: ReplayConfig, advance: Callable[[int], None]
+    store: Store,
+    requests: Sequence[TraceLine],
+    config: ReplayConfig,
+    advance: Callable[[int], None],
 ) -> ReplayResult:
     ns_id = store.register_namespace(config.namespace).namespace_id
     tiers: Counter[str] = Counter()

@@ -20,7 +20,7 @@ from kvstore.results import ReserveResult
 if TYPE_CHECKING:  # the node's side only: a client never loads the bounds
     from kvstore.bounds import UnprovenSockets
 
-ChecksumMismatchError = errors.ChecksumMismatchError  # raised by Store.commit
+ChecksumMismatchError = errors.ChecksumMismatchError  # raised by Reservation.commit
 
 
 @dataclass(frozen=True)

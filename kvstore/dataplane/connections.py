@@ -18,7 +18,8 @@ from typing import Any
 from kvstore import errors
 from kvstore.dataplane import frames
 from kvstore.dataplane.base import ServerSettings
-from kvstore.tenancy import TenantScope
+from kvstore.store import Lease, Reservation, Store
+from kvstore.store.caller import Caller
 
 
 @dataclass
@@ -26,16 +27,24 @@ class Connection:
     client_id: int
     peer: str  # the handshake's gRPC peer ("ipv4:127.0.0.1:5000"): the store's client
     peer_host: str  # without the port: what per-peer limits count
-    store: TenantScope  # the store as the connection's tenant sees it
+    store: Store
+    caller: Caller  # who its frames are for: resolved once, at the handshake
     tags: frames.Tags
     deadline: float  # dropped if no frame arrives before this (monotonic seconds)
     ep: Any = None
     loop_task: asyncio.Task[None] | None = None
     in_flight: set[int] = field(default_factory=set)  # request ids being handled
 
+    def acquire(self, req: frames.Request) -> Lease:
+        """A lease of a GET's blocks, for the device reader a data plane is."""
+        return self.store.acquire(req.namespace_id, req.keys, True, self.caller)
+
+    def reserve(self, req: frames.Request) -> Reservation:
+        return self.store.reserve(req.namespace_id, req.keys, req.parents, self.caller)
+
     def check_block_bytes(self, req: frames.Request) -> None:
         """Same errors as the gRPC path: short blocks are incomplete, long ones too big."""
-        block_bytes = self.store.namespace(req.namespace_id).block_bytes
+        block_bytes = self.store.namespace(req.namespace_id, self.caller).block_bytes
         if req.op is frames.Op.PUT and req.block_bytes < block_bytes:
             raise errors.IncompleteWriteError(
                 f"blocks of {req.block_bytes} bytes are not fully written; "
@@ -64,7 +73,7 @@ class Connections:
         with self._lock:
             return client_id in self._by_id
 
-    def admit(self, peer: str, scope: TenantScope) -> Connection:
+    def admit(self, peer: str, store: Store, caller: Caller) -> Connection:
         """A new connection for `peer`, with a fresh secret and its hello deadline; raises
         TooManyConnectionsError past a bound."""
         s = self.settings
@@ -73,7 +82,8 @@ class Connections:
             next(self._ids),
             peer,
             _peer_host(peer),
-            scope,
+            store,
+            caller,
             frames.Tags(secret),
             time.monotonic() + s.hello_timeout_s,
         )

@@ -1,5 +1,5 @@
-"""The store's gRPC servicer: a thin layer that turns messages into store calls, each through
-the caller's tenant scope (`kvstore.tenancy.TenantScope`).
+"""The store's gRPC servicer: a thin layer that turns messages into store calls, each for the
+`Caller` its token and peer name (`kvstore.tenancy.Tenants.caller`).
 
 All store calls run on the event loop thread; each is short and bounded by the batch limit.
 A typed store error becomes its status code, with the class name in trailing metadata so
@@ -22,7 +22,8 @@ from kvstore.auth import Authenticator
 from kvstore.dataplane.base import DataPlaneServer
 from kvstore.errors import KVStoreError, UnavailableError
 from kvstore.store import Store
-from kvstore.tenancy import Tenants, TenantScope
+from kvstore.store.caller import Caller
+from kvstore.tenancy import Tenants
 
 T = TypeVar("T")
 
@@ -44,8 +45,8 @@ def _unary(
 
 
 class KVStoreServicer(pb_grpc.KVStoreServicer):
-    """Each call acts through the scope of the tenant its token names (`kvstore.tenancy`):
-    the namespace ids it carries are that tenant's own, mapped before the store sees them."""
+    """Each call is for the caller its token names (`kvstore.tenancy`): the namespace ids
+    it carries are that tenant's own, mapped before the store sees them."""
 
     def __init__(
         self,
@@ -58,37 +59,35 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         self.store = store
         self.chunk_bytes = chunk_bytes
         self.dataplanes = dict(dataplanes or {})  # by transport name
-        self.tenants = tenants or Tenants(store, None)
+        self.tenants = tenants or Tenants(None)
         self.auth = auth or Authenticator(None)
 
     def _tenant(self, context: grpc.aio.ServicerContext) -> str:
         return self.auth.tenant(context.invocation_metadata())  # admitted: known already
 
-    def _scope(self, context: grpc.aio.ServicerContext) -> TenantScope:
-        return TenantScope(self.tenants, self._tenant(context))
+    def _caller(self, context: grpc.aio.ServicerContext) -> Caller:
+        return self.tenants.caller(self._tenant(context), context.peer())
 
     @_unary
     async def RegisterNamespace(self, request, context):
         limits = self.store.config.namespace_limits  # checked before the namespace is built
         namespace = wire.namespace_from_pb(request.namespace, limits)
-        info = self._scope(context).register_namespace(namespace)
+        info = self.store.register_namespace(namespace, self._caller(context))
         return pb.RegisterNamespaceResponse(
             namespace_id=info.namespace_id, block_bytes=info.block_bytes
         )
 
     @_unary
     async def Match(self, request, context):
-        scope = self._scope(context)
-        return wire.match_to_pb(scope.match(request.namespace_id, list(request.keys)))
+        match = self.store.match(request.namespace_id, list(request.keys), self._caller(context))
+        return wire.match_to_pb(match)
 
     @_unary
     async def Reserve(self, request, context):
         parents = wire.parents_from_pb(request.parent_keys)
-        owner = context.peer()  # the client; with tenants, the scope makes it the tenant
-        result = self._scope(context).reserve(
-            request.namespace_id, list(request.keys), parents, owner
-        )
-        return wire.reserve_to_pb(result)
+        caller = self._caller(context)
+        res = self.store.reserve(request.namespace_id, list(request.keys), parents, caller)
+        return wire.reserve_to_pb(res.result)
 
     @_unary
     async def Write(self, request_iterator, context):
@@ -97,39 +96,37 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         or just ending: grpc.aio ends a cancelled stream as if it had finished)."""
         starts = {}  # (reservation, block) -> the offset this stream began it at
         total = 0
-        scope = self._scope(context)
+        caller = self._caller(context)
         try:
             async for chunk in request_iterator:
-                scope.write(
-                    chunk.reservation_id, chunk.index, chunk.offset, chunk.data, context.peer()
-                )
-                starts.setdefault((chunk.reservation_id, chunk.index), chunk.offset)
+                res = self.store.reservation(chunk.reservation_id, caller)
+                res.write(chunk.index, chunk.offset, chunk.data)
+                starts.setdefault((res, chunk.index), chunk.offset)
                 total += len(chunk.data)
         finally:
-            for (reservation_id, index), offset in starts.items():
-                scope.rewind(reservation_id, index, offset, context.peer())  # whole: no-op
+            for (res, index), offset in starts.items():
+                res.rewind(index, offset)  # a block written whole, or an ended one: no-op
         return pb.WriteResponse(bytes_written=total)
 
     @_unary
     async def Commit(self, request, context):
-        num = self._scope(context).commit(request.reservation_id, owner=context.peer())
+        num = self.store.reservation(request.reservation_id, self._caller(context)).commit()
         return pb.CommitResponse(num_committed=num)
 
     @_unary
     async def Abort(self, request, context):
-        self._scope(context).abort(request.reservation_id, context.peer())
+        self.store.reservation(request.reservation_id, self._caller(context)).abort()
         return pb.AbortResponse()
 
     async def Get(self, request, context) -> AsyncIterator[pb.GetResponse]:
         try:
-            keys = list(request.keys)
-            scope = self._scope(context)
-            lease = scope.acquire(request.namespace_id, keys, owner=context.peer())
+            caller = self._caller(context)
+            lease = self.store.acquire(request.namespace_id, list(request.keys), caller=caller)
         except KVStoreError as exc:
             await grpc_service.abort(context, exc)
             return
         try:
-            block_bytes = scope.namespace(request.namespace_id).block_bytes
+            block_bytes = self.store.namespace(request.namespace_id, caller).block_bytes
             sums = [c for c, hit in zip(lease.checksums, lease.found, strict=True) if hit]
             header = pb.GetHeader(found=lease.found, block_bytes=block_bytes, checksums=sums)
             yield pb.GetResponse(header=header)
@@ -142,23 +139,21 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                     # message, its serialized form and the transport's copy, nothing more.
                     response = pb.GetResponse()
                     response.chunk.index, response.chunk.offset = index, offset
-                    response.chunk.data = scope.read_chunk(
-                        lease.lease_id, index, offset, self.chunk_bytes
-                    )
+                    response.chunk.data = lease.read_chunk(index, offset, self.chunk_bytes)
                     yield response
         except KVStoreError as exc:
             await grpc_service.abort(context, exc)
         finally:
-            scope.release(lease.lease_id)
+            lease.release()
 
     @_unary
     async def Remove(self, request, context):
-        num = self._scope(context).remove(request.namespace_id, list(request.keys))
+        num = self.store.remove(request.namespace_id, list(request.keys), self._caller(context))
         return pb.RemoveResponse(num_removed=num)
 
     @_unary
     async def Stats(self, request, context):
-        return wire.stats_to_pb(self._scope(context).stats())
+        return wire.stats_to_pb(self.store.stats(self._caller(context)))
 
     @_unary
     async def DataPlaneInfo(self, request, context):

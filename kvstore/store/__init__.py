@@ -7,6 +7,6 @@ tokens or the data planes: the node (`kvstore.node`) calls in with a resolved ca
 """
 
 from kvstore.store.config import StoreConfig
-from kvstore.store.store import Clock, Lease, Store
+from kvstore.store.store import Clock, Lease, Reservation, Store
 
-__all__ = ["Clock", "Lease", "Store", "StoreConfig"]
+__all__ = ["Clock", "Lease", "Reservation", "Store", "StoreConfig"]

@@ -1,5 +1,5 @@
-"""Store counters: the store's own traffic counters, and the `StoreStats` built from them
-and tiering's."""
+"""Store counters: the store's traffic counters, the node's and each tenant's own, and the
+`StoreStats` built from them and tiering's."""
 
 from __future__ import annotations
 
@@ -46,3 +46,30 @@ class StoreCounters:
             expired_leases=self.expired_leases,
             tiers=tiers,
         )
+
+
+class Counters:
+    """The node's traffic counters and each tenant's own; the store counts under its lock."""
+
+    def __init__(self) -> None:
+        self.node = StoreCounters()
+        self._by_tenant: dict[str, StoreCounters] = {}
+
+    def of(self, tenant: str) -> StoreCounters:
+        """`tenant`'s own counters (zeros for a tenant that has done nothing)."""
+        return self._by_tenant.get(tenant, StoreCounters())
+
+    def count_read(
+        self, tenant: str, hits: int, misses: int, block_tokens: int, nbytes: int
+    ) -> None:
+        """A read of `hits` blocks (`nbytes` in all) and `misses` of `block_tokens` each."""
+        for c in (self.node, self._by_tenant.setdefault(tenant, StoreCounters())):
+            c.hits += hits
+            c.misses += misses
+            c.miss_tokens += misses * block_tokens
+            c.bytes_read += nbytes
+
+    def count_commit(self, tenant: str, num_blocks: int, nbytes: int) -> None:
+        for c in (self.node, self._by_tenant.setdefault(tenant, StoreCounters())):
+            c.blocks_committed += num_blocks
+            c.bytes_written += nbytes

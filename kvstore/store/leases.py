@@ -1,12 +1,14 @@
 """Leases: read access to committed blocks, until released or expired.
 
-A leased block's views stay valid: a block that leaves a tier while leased keeps its slot
-until its last lease ends (`kvstore.store.tiering.slots`).
+`Store.acquire` opens a `Lease`; the lease itself reads (`read_chunk`) and ends
+(`release`, or `with`). A leased block's views stay valid: a block that leaves a tier while
+leased keeps its slot until its last lease ends (`kvstore.store.tiering.slots`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kvstore import errors
@@ -17,47 +19,86 @@ if TYPE_CHECKING:
     from kvstore.store.config import StoreConfig
 
 
-@dataclass(frozen=True)
 class Lease:
-    """Read access to committed blocks, valid until `Store.release` or expiry.
+    """Read access to the committed blocks one `acquire` found, until released or expired.
 
     `views[i]` is None where `keys[i]` missed: a `memoryview` of host memory, or, for a
     device reader, a device tensor. A view must not be used after release, nor after
-    `expires_at` (as acquired): a reader that may outlive it copies through
-    `Store.read_chunk`, which checks and renews the lease under the store's lock.
+    `expires_at` as acquired: a reader that may outlive it copies through `read_chunk`,
+    which checks and renews the lease under the store's lock.
     """
 
-    lease_id: int
-    views: tuple[Any, ...]
-    expires_at: float
-    checksums: tuple[int, ...] = ()  # CRC32C of each found block's bytes (0 for a miss)
+    def __init__(
+        self, leases: Leases, lease_id: int, entries: list[Entry], views: list[Any], owner: str
+    ) -> None:
+        self.lease_id = lease_id
+        self.views = tuple(views)
+        self.owner = owner
+        self.entries = entries  # the leased hits, in key order
+        self.expires_at = leases.deadline()
+        sums = iter(e.checksum for e in entries)
+        # CRC32C of each found block's bytes (0 for a miss)
+        self.checksums = tuple(0 if v is None else next(sums) for v in views)
+        self._leases = leases
 
     @property
     def found(self) -> tuple[bool, ...]:
         return tuple(v is not None for v in self.views)
 
+    def read_chunk(self, index: int, offset: int, nbytes: int) -> bytes:
+        """A copy of bytes `[offset, offset + nbytes)` of the block held for `keys[index]`,
+        made under the store's lock; renews the lease. Host leases only.
 
-@dataclass
-class OpenLease:
-    entries: list[Entry]
-    views: dict[int, Any]  # index in the acquire call -> view of the block, hits only
-    expires_at: float
-    owner: str
+        For readers that copy a block out bit by bit (a stream that may stall between
+        chunks): once the lease has ended its slot may hold another block, so this raises
+        `LeaseExpiredError` instead of reading it.
+        """
+        with self._leases.lock:
+            self._leases.check_live(self)
+            view = self.views[index] if 0 <= index < len(self.views) else None
+            if view is None or offset < 0 or nbytes < 0:
+                raise errors.InvalidArgumentError(
+                    f"lease {self.lease_id} holds no bytes [{offset}, +{nbytes}) of block {index}"
+                )
+            assert isinstance(view, memoryview), "read_chunk reads host leases"
+            self.expires_at = self._leases.deadline()
+            return bytes(view[offset : offset + nbytes])
 
-    def host_view(self, lease_id: int, index: int) -> memoryview:
-        """The view of the block this lease holds for `keys[index]` of its acquire."""
-        view = self.views.get(index)
-        if view is None:
-            raise errors.InvalidArgumentError(f"lease {lease_id} holds no block {index}")
-        assert isinstance(view, memoryview), "read_chunk reads host leases"
-        return view
+    def release(self) -> None:
+        """Ends the lease; a no-op if it already ended."""
+        self._leases.release(self)
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 class Leases:
-    """The open leases of a store by id, counted per owner against the limits."""
+    """A store's open leases, counted per owner against the limits.
 
-    def __init__(self, config: StoreConfig) -> None:
-        self._open: dict[int, OpenLease] = {}
+    Args:
+        config: the lease timeout and limits.
+        lock: the store's lock, which every method takes.
+        clock: the store's clock.
+        end: called for each entry of a lease that ends (the tiers let go of it).
+    """
+
+    def __init__(
+        self,
+        config: StoreConfig,
+        lock: threading.RLock,
+        clock: Callable[[], float],
+        end: Callable[[Entry], None],
+    ) -> None:
+        self.lock = lock
+        self._timeout_s = config.lease_timeout_s
+        self._clock = clock
+        self._end = end
+        self._open: dict[int, Lease] = {}
+        self._ids = 0
+        self.num_expired = 0  # leases ended by their deadline
         self._counts = OwnerCounts(
             "leases", config.max_leases_per_client, config.max_leases, errors.TooManyLeasesError
         )
@@ -65,35 +106,46 @@ class Leases:
     def __len__(self) -> int:
         return len(self._open)
 
-    def __contains__(self, lease_id: int) -> bool:
-        return lease_id in self._open
+    def deadline(self) -> float:
+        """When a lease opened or renewed now expires."""
+        return self._clock() + self._timeout_s
 
     def check_limit(self, owner: str) -> None:
         """Raises `TooManyLeasesError` if `owner` may open no other lease."""
         self._counts.check(owner)
 
-    def open(
-        self, lease_id: int, hits: list[Entry], views: list[Any], expires_at: float, owner: str
-    ) -> Lease:
-        """Opens lease `lease_id` of `owner` on `hits` (leased already), whose views are
-        the non-None ones of `views` (one per key of the acquire call)."""
-        found = {i: v for i, v in enumerate(views) if v is not None}
-        self._open[lease_id] = OpenLease(hits, found, expires_at, owner)
+    def open(self, hits: list[Entry], views: list[Any], owner: str) -> Lease:
+        """A lease of `owner` on `hits` (leased already), whose views are the non-None ones
+        of `views` (one per key of the acquire call). Under the lock."""
+        self._ids += 1
+        lease = Lease(self, self._ids, hits, views, owner)
+        self._open[lease.lease_id] = lease
         self._counts.add(owner)
-        sums = iter(e.checksum for e in hits)
-        checksums = tuple(0 if v is None else next(sums) for v in views)
-        return Lease(lease_id, tuple(views), expires_at, checksums)
-
-    def close(self, lease_id: int) -> OpenLease:
-        lease = self._open.pop(lease_id)
-        self._counts.remove(lease.owner)
         return lease
 
-    def get(self, lease_id: int) -> OpenLease | None:
-        return self._open.get(lease_id)
+    def release(self, lease: Lease) -> None:
+        with self.lock:
+            if self._open.get(lease.lease_id) is lease:
+                self._close(lease)
 
-    def expired(self, now: float) -> list[int]:
-        return [i for i, lease in self._open.items() if lease.expires_at <= now]
+    def check_live(self, lease: Lease) -> None:
+        """Raises `LeaseExpiredError` unless `lease` is open and in time (ending it if
+        late). Under the lock."""
+        if self._open.get(lease.lease_id) is lease and lease.expires_at <= self._clock():
+            self._close(lease)
+            self.num_expired += 1
+        if self._open.get(lease.lease_id) is not lease:
+            raise errors.LeaseExpiredError(
+                f"lease {lease.lease_id} has ended (released, or no read for "
+                f"{self._timeout_s} s); read the blocks again"
+            )
+
+    def expire(self, now: float) -> None:
+        """Ends the leases whose deadline has passed. Under the lock."""
+        late = [lease for lease in self._open.values() if lease.expires_at <= now]
+        for lease in late:
+            self._close(lease)
+        self.num_expired += len(late)
 
     def entries(self) -> list[Entry]:
         """Every leased entry, once per lease that holds it."""
@@ -101,3 +153,9 @@ class Leases:
 
     def check(self) -> None:
         assert len(self._counts) == len(self._open), "lease counts"
+
+    def _close(self, lease: Lease) -> None:
+        del self._open[lease.lease_id]
+        self._counts.remove(lease.owner)
+        for entry in lease.entries:
+            self._end(entry)

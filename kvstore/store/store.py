@@ -2,58 +2,60 @@
 
 Every public method takes the store lock, validates its input completely before it
 changes anything, and leaves the index, tiers and policy consistent (`check_integrity`).
-Time comes from the injected `clock`, so tests move it instead of sleeping. The write half
-(reserve, write, commit, abort) is `kvstore.store.writes.StoreWrites`, mixed in.
+Time comes from the injected `clock`, so tests move it instead of sleeping.
+
+A put is `reserve` -> a `Reservation` that writes, commits or aborts itself; a read is
+`acquire` -> a `Lease` that reads and releases itself. Every call is for a `Caller`,
+resolved once at the edge (default `LOCAL`: an in-process caller on a node without
+tenants): the namespace ids it names are mapped through it, and what it opens is its own.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from kvstore import errors
-from kvstore.auth import ANONYMOUS
 from kvstore.keys import Namespace
-from kvstore.limits import LOCAL_OWNER
 from kvstore.results import (
+    NO_RESERVATION,
     MatchResult,
     NamespaceInfo,
+    PutStatus,
     StoreStats,
-    TierUsage,
 )
-from kvstore.store import key_checks
+from kvstore.store import chains, key_checks
+from kvstore.store.caller import LOCAL, Caller
 from kvstore.store.config import StoreConfig
-from kvstore.store.counters import StoreCounters
-from kvstore.store.index import BlockIndex, BlockState, Entry
-from kvstore.store.leases import Lease, Leases, OpenLease
+from kvstore.store.counters import Counters
+from kvstore.store.index import BlockIndex, BlockState, Entry, block_id
+from kvstore.store.leases import Lease, Leases
 from kvstore.store.namespaces import Namespaces
-from kvstore.store.reservations import Reservations
-from kvstore.store.tiering import Tiering
-from kvstore.store.writes import StoreWrites
+from kvstore.store.reservations import Reservation, Reservations
+from kvstore.store.tiering import Tiering, TieringCounters
 
 if TYPE_CHECKING:
     from kvstore.store.quotas import TenantQuotas
 
-__all__ = ["Clock", "Lease", "Store", "StoreConfig"]
+__all__ = ["Clock", "Lease", "Reservation", "Store", "StoreConfig"]
 log = logging.getLogger("kvstore.store")
 Clock = Callable[[], float]
 
 
 @dataclass
-class Store(StoreWrites):
+class Store:
     """One node's blocks in DRAM and, when configured, on SSD, by namespace and key.
 
     With an SSD tier, a store opened on an existing `ssd_path` serves every block that was
     written there before, and the namespaces registered then. Call `close` when done.
 
-    Namespace ids here are the store's own: a node with tenants registers each tenant's
-    namespaces under internal ids (`kvstore.tenancy`), and the store charges every block to
-    the tenant of its namespace, against that tenant's `quotas` (None: no quotas).
+    A caller's namespace ids are mapped to the store's own through its `Caller` (a node
+    with tenants files each tenant's namespaces under internal ids, `kvstore.tenancy`), and
+    the store charges every block to the tenant of its namespace, against that tenant's
+    `quotas` (None: no quotas).
     """
 
     config: StoreConfig = field(default_factory=StoreConfig)
@@ -66,10 +68,12 @@ class Store(StoreWrites):
         tenant_of = self._tenant_of  # bound now; the namespaces it reads come next
         self._tiering = Tiering(self.config, self._index, self._lock, self.quotas, tenant_of)
         self._namespaces = Namespaces(self.config, self._tiering)
-        self._reservations = Reservations(self.config)
-        self._leases = Leases(self.config)
-        self._ids = itertools.count(1)
-        self._counters = StoreCounters()
+        self._counters = Counters()
+        now = self._now  # the clock as it is when called: tests may set `clock` later
+        self._reservations = Reservations(
+            self.config, self._lock, now, self._index, self._tiering, self._counters
+        )
+        self._leases = Leases(self.config, self._lock, now, self._tiering.end_lease)
         self._recover()
 
     def _recover(self) -> None:
@@ -94,50 +98,38 @@ class Store(StoreWrites):
 
     # -- namespaces ----------------------------------------------------------------------
 
-    def register_namespace(
-        self,
-        namespace: Namespace,
-        namespace_id: bytes | None = None,
-        tenant: str = ANONYMOUS,
-        max_per_tenant: int | None = None,
-    ) -> NamespaceInfo:
-        """Makes `namespace` known; idempotent. Returns its own id, whatever it is filed as.
-
-        `namespace_id`: the id to file it under (default its own); `tenant`: whose it is,
-        registering at most `max_per_tenant` of them (None: no limit).
+    def register_namespace(self, namespace: Namespace, caller: Caller = LOCAL) -> NamespaceInfo:
+        """Makes `namespace` known as the caller's own; idempotent. Returns its id as the
+        caller computed it (internal ids never leave the node).
 
         Raises `FieldTooLargeError` for a field over the node's limits, InvalidArgumentError
         if its blocks cannot fit a tier, `TooManyNamespacesError` past `max_namespaces` (or
-        `max_per_tenant`), `StoreFullError` (registering nothing) when a full disk cannot
-        store it.
+        the caller's `max_namespaces`), `StoreFullError` (registering nothing) when a full
+        disk cannot store it.
         """
         self._namespaces.validate(namespace)
+        internal = caller.namespaces.register_id(namespace.id)
         with self._lock:
-            self._namespaces.register(namespace, namespace_id, tenant, max_per_tenant)
+            self._namespaces.register(namespace, internal, caller.tenant, caller.max_namespaces)
         return NamespaceInfo(namespace.id, namespace.block_bytes)
 
-    def is_registered(self, namespace_id: bytes) -> bool:
+    def namespace(self, namespace_id: bytes, caller: Caller = LOCAL) -> Namespace:
+        """The namespace a read of `namespace_id` reads (else `UnknownNamespaceError`)."""
         with self._lock:
-            return namespace_id in self._namespaces
-
-    def namespace(self, namespace_id: bytes) -> Namespace:
-        """The registered namespace `namespace_id` (else `UnknownNamespaceError`)."""
-        return self._namespaces.get(namespace_id)
+            return self._namespaces.get(self._read_ids(namespace_id, caller)[0])
 
     # -- reads ---------------------------------------------------------------------------
 
     def match(
-        self, namespace_id: bytes, keys: Sequence[bytes], fallback_id: bytes | None = None
+        self, namespace_id: bytes, keys: Sequence[bytes], caller: Caller = LOCAL
     ) -> MatchResult:
-        """Longest committed prefix of `keys`, with the tier of each hit. Changes nothing.
-
-        `fallback_id`: a namespace (of the same layout) each key is also looked up in, where
-        `namespace_id` does not have it (a tenant's read of the public namespace)."""
+        """Longest committed prefix of `keys`, with the tier of each hit. Changes nothing."""
         with self._lock:
-            self._check_keys(namespace_id, keys)
+            own, fallback = self._read_ids(namespace_id, caller)
+            self._check_keys(own, keys)
             hits = []
             for key in keys:
-                entry = self._readable(namespace_id, key, fallback_id)
+                entry = self._readable(own, key, fallback)
                 if entry is None:
                     break
                 hits.append(entry)
@@ -148,72 +140,103 @@ class Store(StoreWrites):
         namespace_id: bytes,
         keys: Sequence[bytes],
         device: bool = False,
-        owner: str = LOCAL_OWNER,
-        fallback_id: bytes | None = None,
+        caller: Caller = LOCAL,
     ) -> Lease:
         """Leases the committed blocks among `keys` for reading; misses get no view.
 
         A block whose checksum fails is removed and reported as a miss. `device`: the
         reader takes device memory, so blocks with a device copy (HBM) are served from it,
-        and the others read from DRAM get one for next time. `owner`: the client the lease
-        counts against (`TooManyLeasesError` past its limit or the node's). `fallback_id`:
-        as in `match`.
+        and the others read from DRAM get one for next time. The lease counts against the
+        caller's owner (`TooManyLeasesError` past its limit or the node's).
         """
         with self._lock:
             self.expire()
-            self._check_keys(namespace_id, keys)
-            self._leases.check_limit(owner)
-            entries = [self._readable(namespace_id, key, fallback_id) for key in keys]
-            block_tokens = self._namespaces.get(namespace_id).layout.block_tokens
+            own, fallback = self._read_ids(namespace_id, caller)
+            self._check_keys(own, keys)
+            self._leases.check_limit(caller.owner)
+            entries = [self._readable(own, key, fallback) for key in keys]
+            block_tokens = self._namespaces.get(own).layout.block_tokens
             views, hits = self._tiering.read(entries, device, block_tokens)
-            self._counters.hits += len(hits)
-            self._counters.misses += len(keys) - len(hits)
-            self._counters.miss_tokens += (len(keys) - len(hits)) * block_tokens
-            self._counters.bytes_read += sum(e.nbytes for e in hits)
-            expires_at = self.clock() + self.config.lease_timeout_s
-            return self._leases.open(next(self._ids), hits, views, expires_at, owner)
+            nbytes = sum(e.nbytes for e in hits)
+            misses = len(keys) - len(hits)
+            self._counters.count_read(caller.tenant, len(hits), misses, block_tokens, nbytes)
+            return self._leases.open(hits, views, caller.owner)
 
-    def release(self, lease_id: int) -> None:
-        """Ends a lease; a no-op if it already expired."""
-        with self._lock:
-            if lease_id in self._leases:
-                self._end_lease(self._leases.close(lease_id))
-
-    def read(self, namespace_id: bytes, keys: Sequence[bytes]) -> list[bytes | None]:
+    def read(
+        self, namespace_id: bytes, keys: Sequence[bytes], caller: Caller = LOCAL
+    ) -> list[bytes | None]:
         """Copies of the committed blocks among `keys` (None for a miss)."""
-        with self._lock:  # copied before anything can end the lease
-            lease = self.acquire(namespace_id, keys)
-            try:
-                return [None if v is None else bytes(v) for v in lease.views]
-            finally:
-                self.release(lease.lease_id)
+        with self._lock, self.acquire(namespace_id, keys, caller=caller) as lease:
+            return [None if v is None else bytes(v) for v in lease.views]
 
-    def read_chunk(self, lease_id: int, index: int, offset: int, nbytes: int) -> bytes:
-        """A copy of bytes `[offset, offset + nbytes)` of the block a lease holds for
-        `keys[index]` of its `acquire`, made under the store's lock; renews the lease.
-
-        For readers that copy a block out bit by bit (a stream that may stall between
-        chunks): once the lease has ended its slot may hold another block, so this raises
-        `LeaseExpiredError` instead of reading it. Host leases only.
-        """
-        with self._lock:
-            lease = self._live_lease(lease_id)
-            view = lease.host_view(lease_id, index)
-            lease.expires_at = self.clock() + self.config.lease_timeout_s
-            return bytes(view[offset : offset + nbytes])
-
-    def remove(self, namespace_id: bytes, keys: Sequence[bytes]) -> int:
+    def remove(self, namespace_id: bytes, keys: Sequence[bytes], caller: Caller = LOCAL) -> int:
         """Removes the committed blocks among `keys`; returns how many were present.
 
         All or nothing: raises `StoreFullError`, removing nothing, when a full disk cannot
         delete their SSD records.
         """
         with self._lock:
-            self._check_keys(namespace_id, keys)
-            found = [self._index.readable(namespace_id, k) for k in keys]
+            internal = caller.namespaces.write_id(namespace_id, self._namespaces.__contains__)
+            self._check_keys(internal, keys)
+            found = [self._index.readable(internal, k) for k in keys]
             entries = [e for e in found if e is not None]
             self._tiering.remove(entries)
             return len(entries)
+
+    # -- writes --------------------------------------------------------------------------
+
+    def reserve(
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        parents: Sequence[bytes | None] | None = None,
+        caller: Caller = LOCAL,
+    ) -> Reservation:
+        """Allocates a slot for each key not yet present, evicting as needed.
+
+        `parents[i]` is the chain predecessor of `keys[i]` (None for a root): committed in
+        this namespace or earlier in `keys`, never the key itself (else a `BadParentError`,
+        see `kvstore.store.chains`). A parent that is only in the public namespace the
+        caller reads beneath its own (its chain goes on from a published prefix) is taken
+        as no parent: chains never cross namespaces. All or nothing: raises
+        `StoreFullError` and reserves nothing if any slot cannot be had. A call with
+        nothing to reserve (every key present or in flight) opens no reservation (its id is
+        `NO_RESERVATION`). The reservation counts against the caller's owner
+        (`TooManyReservationsError` past its limit or the node's).
+        """
+        with self._lock:
+            self.expire()
+            internal = caller.namespaces.write_id(namespace_id, self._namespaces.__contains__)
+            self._check_keys(internal, keys)
+            parents = key_checks.check_parents(keys, parents)
+            public = self._read_ids(namespace_id, caller)[1]
+            if public is not None:
+                parents = self._own_parents(internal, public, keys, parents)
+            statuses = tuple(self._put_status(internal, k) for k in keys)
+            is_new = [s is PutStatus.RESERVED for s in statuses]
+            chains.check_parents(self._index, internal, keys, parents, is_new)
+            todo = [i for i, new in enumerate(is_new) if new]
+            parent_entries = [self._index.readable(internal, p) for p in parents if p]
+            self._tiering.touch([e for e in parent_entries if e is not None])
+            if not todo:
+                return self._reservations.none(statuses, caller.owner)
+            self._reservations.check_limit(caller.owner)
+            block_bytes = self._namespaces.get(internal).block_bytes
+            slots = self._tiering.allocate(block_bytes, len(todo), self._tenant_of(internal))
+            entries = {
+                i: Entry(keys[i], internal, parents[i], block_bytes, slot)
+                for i, slot in zip(todo, slots, strict=True)
+            }
+            return self._reservations.open(statuses, entries, caller.owner, caller.tenant)
+
+    def reservation(self, reservation_id: int, caller: Caller = LOCAL) -> Reservation:
+        """The open reservation `reservation_id` of the caller (a wire that names it by id
+        between calls); `UnknownReservationError` for any other, or one that has ended.
+        `NO_RESERVATION` is the empty reservation of a call with nothing to reserve."""
+        with self._lock:
+            if reservation_id == NO_RESERVATION:
+                return self._reservations.none((), caller.owner)
+            return self._reservations.owned(reservation_id, caller.owner)
 
     # -- housekeeping --------------------------------------------------------------------
 
@@ -221,31 +244,31 @@ class Store(StoreWrites):
         """Ends leases and reservations whose deadline has passed."""
         with self._lock:
             now = self.clock()
-            for rid in self._reservations.expired(now):
-                self._drop_reservation(self._reservations.close(rid))
-                self._counters.expired_reservations += 1
-            for lid in self._leases.expired(now):
-                self._expire_lease(lid)
+            self._reservations.expire(now)
+            self._leases.expire(now)
 
-    def stats(self) -> StoreStats:
+    def stats(self, caller: Caller = LOCAL) -> StoreStats:
+        """The node's stats for a caller that `sees_node`; else its tenant's own: its
+        blocks, namespaces, bytes per tier (its quota as the capacity) and counters, with
+        node-wide events (evictions, demotions, ...) at 0."""
         with self._lock:
+            if not caller.sees_node:
+                num_blocks, tiers = self._tiering.tenant_usage(caller.tenant)
+                sizes = (num_blocks, self._namespaces.num_of(caller.tenant), 0, 0)
+                return self._counters.of(caller.tenant).stats(sizes, TieringCounters(), tiers)
             num_blocks = len(self._index) - self._reservations.num_entries
             sizes = (num_blocks, len(self._namespaces), len(self._reservations), len(self._leases))
-            return self._counters.stats(sizes, self._tiering.counters, self._tiering.usage())
-
-    def tenant_usage(self, tenant: str) -> tuple[int, tuple[TierUsage, ...]]:
-        """`tenant`'s committed blocks and its share of each tier (`Tiering.tenant_usage`)."""
-        with self._lock:
-            return self._tiering.tenant_usage(tenant)
+            counters = replace(
+                self._counters.node,
+                expired_reservations=self._reservations.num_expired,
+                expired_leases=self._leases.num_expired,
+            )
+            return counters.stats(sizes, self._tiering.counters, self._tiering.usage())
 
     def has_key(self, namespace_id: bytes, key: bytes) -> bool:
         """Whether `key` is committed in `namespace_id`."""
         with self._lock:
             return self._index.readable(namespace_id, key) is not None
-
-    def num_namespaces_of(self, tenant: str) -> int:
-        with self._lock:
-            return self._namespaces.num_of(tenant)
 
     def tenant_bytes(self) -> dict[str, dict[str, int]]:
         """tier -> tenant -> bytes held (what the operator's metrics show)."""
@@ -288,8 +311,18 @@ class Store(StoreWrites):
 
     # -- internals -----------------------------------------------------------------------
 
+    def _now(self) -> float:
+        return self.clock()
+
     def _tenant_of(self, namespace_id: bytes) -> str:
         return self._namespaces.tenant_of(namespace_id)
+
+    def _read_ids(self, namespace_id: bytes, caller: Caller) -> tuple[bytes, bytes | None]:
+        """(where a read looks first, where next); a namespace the caller has only in the
+        public namespace it reads beneath its own is read there."""
+        own, public = caller.namespaces.read_ids(namespace_id, self._namespaces.__contains__)
+        self._namespaces.get(own)  # UnknownNamespaceError before anything else
+        return own, public
 
     def _readable(self, namespace_id: bytes, key: bytes, fallback_id: bytes | None) -> Entry | None:
         entry = self._index.readable(namespace_id, key)
@@ -298,28 +331,32 @@ class Store(StoreWrites):
         return entry
 
     def _check_keys(self, namespace_id: bytes, keys: Sequence[bytes]) -> None:
-        self.namespace(namespace_id)
+        self._namespaces.get(namespace_id)
         key_checks.check_keys(keys, self.config.max_batch_keys)
 
-    def _live_lease(self, lease_id: int) -> OpenLease:
-        lease = self._leases.get(lease_id)
-        if lease is not None and lease.expires_at <= self.clock():
-            self._expire_lease(lease_id)
-            lease = None
-        if lease is None:
-            raise errors.LeaseExpiredError(
-                f"lease {lease_id} has ended (released, or no read for "
-                f"{self.config.lease_timeout_s} s); read the blocks again"
-            )
-        return lease
+    def _put_status(self, namespace_id: bytes, key: bytes) -> PutStatus:
+        entry = self._index.get(block_id(namespace_id, key))
+        if entry is None:
+            return PutStatus.RESERVED
+        return PutStatus.PRESENT if entry.is_readable else PutStatus.IN_FLIGHT
 
-    def _expire_lease(self, lease_id: int) -> None:
-        self._end_lease(self._leases.close(lease_id))
-        self._counters.expired_leases += 1
-
-    def _end_lease(self, lease: OpenLease) -> None:
-        for entry in lease.entries:
-            self._tiering.end_lease(entry)
+    def _own_parents(
+        self,
+        internal: bytes,
+        public: bytes,
+        keys: Sequence[bytes],
+        parents: Sequence[bytes | None],
+    ) -> list[bytes | None]:
+        """`parents` with each that only `public` holds taken as no parent."""
+        earlier = set(keys)
+        out = list(parents)
+        for i, parent in enumerate(parents):
+            if parent is None or parent in earlier or len(parent) != len(keys[i]):
+                continue  # malformed ones stay, for the chain rules to refuse
+            mine, published = (self._index.readable(n, parent) for n in (internal, public))
+            if mine is None and published is not None:
+                out[i] = None
+        return out
 
 
 def _tiers_holding(entry: Entry) -> frozenset[str]:

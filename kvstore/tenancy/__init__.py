@@ -2,8 +2,7 @@
 
 - `secret`: the node's tenant secret (a file, kept beside the SSD tier, or per start);
 - `tenant_map`: (tenant, namespace id) -> internal id, the public tenant's rules;
-- `tenant_scope`: the store as one tenant sees it (what every RPC and frame goes through);
-- `tenants`: the node's tenants, roles, bounds and per-tenant counters.
+- `tenants`: the node's tenants, roles and bounds, and the `Caller` each call is for.
 
 Blocks of two tenants never meet: they live under different internal namespace ids, so one
 tenant can neither read, overwrite, remove nor detect (by hit or miss, `Reserve` status,
@@ -15,7 +14,6 @@ either, nor make another's put fail. Per-tenant byte quotas per tier are the sto
 from kvstore.store.quotas import TenantQuotas
 from kvstore.tenancy.secret import load_secret
 from kvstore.tenancy.tenant_map import TenantMap
-from kvstore.tenancy.tenant_scope import TenantScope
 from kvstore.tenancy.tenants import TenantRoles, Tenants
 
-__all__ = ["TenantMap", "TenantQuotas", "TenantRoles", "TenantScope", "Tenants", "load_secret"]
+__all__ = ["TenantMap", "TenantQuotas", "TenantRoles", "Tenants", "load_secret"]

@@ -50,7 +50,7 @@ def make_tenants(settings: TenancySettings, store: Store, auth: Authenticator) -
     if auth.table is None:
         if settings.public_tenant or settings.admin_tenant or settings.tenant_secret_file:
             raise InvalidArgumentError("tenant settings need --auth-token-file")
-        return Tenants(store, None)
+        return Tenants(None)
     known = auth.table.tenants
     per_tenant = settings.max_namespaces_per_tenant
     roles = TenantRoles(settings.admin_tenant, settings.public_tenant, per_tenant)
@@ -62,7 +62,7 @@ def make_tenants(settings: TenancySettings, store: Store, auth: Authenticator) -
     secret = load_secret(settings.tenant_secret_file, cfg.ssd_path)
     if not settings.tenant_secret_file and not cfg.ssd_path:
         log.info("event=tenant_secret source=random hint='ids change at each start'")
-    return Tenants(store, secret, roles)
+    return Tenants(secret, roles)
 
 
 def _check_capacity(quotas: TenantQuotas, tenants: frozenset[str], store: Store) -> None:

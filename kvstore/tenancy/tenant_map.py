@@ -21,21 +21,13 @@ ids map to themselves, so existing SSD data stays readable.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
-from typing import NamedTuple
 
 from kvstore.auth import ANONYMOUS
 from kvstore.errors import PermissionDeniedError, UnknownNamespaceError
 from kvstore.keys import KEY_BYTES
+from kvstore.store.caller import IsRegistered
 
 _DOMAIN = b"kvstore-tenant-namespace-v1\x00"
-
-
-class ReadTarget(NamedTuple):
-    """Where a read looks: its own namespace first (None: not registered), then `public`."""
-
-    own: bytes | None
-    public: bytes | None
 
 
 class TenantMap:
@@ -61,47 +53,57 @@ class TenantMap:
         data = _DOMAIN + tenant.encode() + b"\x00" + namespace_id
         return hashlib.blake2b(data, key=self._secret[:64], digest_size=KEY_BYTES).digest()
 
-    def read_target(
-        self, tenant: str, namespace_id: bytes, is_registered: Callable[[bytes], bool]
-    ) -> ReadTarget:
-        """Where `tenant`'s read of `namespace_id` looks (UnknownNamespaceError: nowhere)."""
-        own = self.internal_id(tenant, namespace_id)
-        public = self._public_id(tenant, namespace_id)
-        target = ReadTarget(
-            own if is_registered(own) else None,
-            public if public is not None and is_registered(public) else None,
-        )
-        if target.own is None and target.public is None:
-            raise _unknown(namespace_id)
-        return target
+    def of(self, tenant: str) -> TenantNamespaces:
+        """`tenant`'s namespace ids as the store sees them."""
+        return TenantNamespaces(self, tenant)
 
-    def write_target(
-        self, tenant: str, namespace_id: bytes, is_registered: Callable[[bytes], bool]
-    ) -> bytes:
-        """The internal id `tenant` writes or removes in; PERMISSION_DENIED for a namespace
-        only the public tenant has, UnknownNamespaceError for one nobody has."""
-        own = self.internal_id(tenant, namespace_id)
-        if is_registered(own):
-            return own
-        public = self._public_id(tenant, namespace_id)
-        if public is not None and is_registered(public):
-            raise PermissionDeniedError(
-                f"namespace {namespace_id.hex()[:16]}... is public: only "
-                f"{self.public_tenant} may write or remove there; register it to write your own"
-            )
-        raise _unknown(namespace_id)
-
-    def public_id(
-        self, tenant: str, namespace_id: bytes, is_registered: Callable[[bytes], bool]
-    ) -> bytes | None:
-        """The public namespace `tenant` reads beside its own `namespace_id`, if any."""
-        public = self._public_id(tenant, namespace_id)
-        return public if public is not None and is_registered(public) else None
-
-    def _public_id(self, tenant: str, namespace_id: bytes) -> bytes | None:
+    def public_id(self, tenant: str, namespace_id: bytes) -> bytes | None:
+        """The public namespace `tenant`'s `namespace_id` reads beneath its own, if any."""
         if not self.public_tenant or tenant == self.public_tenant or tenant == ANONYMOUS:
             return None
         return self.internal_id(self.public_tenant, namespace_id)
+
+
+class TenantNamespaces:
+    """One tenant's namespace ids -> internal ids, under the public tenant's rules: the
+    store's `NamespaceMap` for that tenant's calls."""
+
+    def __init__(self, tenant_map: TenantMap, tenant: str) -> None:
+        self._map = tenant_map
+        self._tenant = tenant
+
+    def register_id(self, namespace_id: bytes) -> bytes:
+        return self._map.internal_id(self._tenant, namespace_id)
+
+    def read_ids(
+        self, namespace_id: bytes, is_registered: IsRegistered
+    ) -> tuple[bytes, bytes | None]:
+        """Its own namespace, then the public one; the public one alone where it has not
+        registered its own (UnknownNamespaceError: neither)."""
+        own = self._map.internal_id(self._tenant, namespace_id)
+        public = self._map.public_id(self._tenant, namespace_id)
+        if public is not None and not is_registered(public):
+            public = None
+        if is_registered(own):
+            return own, public
+        if public is not None:
+            return public, None
+        raise _unknown(namespace_id)
+
+    def write_id(self, namespace_id: bytes, is_registered: IsRegistered) -> bytes:
+        """Its own namespace; PERMISSION_DENIED for one only the public tenant has,
+        UnknownNamespaceError for one nobody has."""
+        own = self._map.internal_id(self._tenant, namespace_id)
+        if is_registered(own):
+            return own
+        public = self._map.public_id(self._tenant, namespace_id)
+        if public is not None and is_registered(public):
+            raise PermissionDeniedError(
+                f"namespace {namespace_id.hex()[:16]}... is public: only "
+                f"{self._map.public_tenant} may write or remove there; "
+                "register it to write your own"
+            )
+        raise _unknown(namespace_id)
 
 
 def _unknown(namespace_id: bytes) -> UnknownNamespaceError:

@@ -1,18 +1,13 @@
-"""Tenants: the node's tenant map, its operator and public tenants, the per-tenant bounds,
-and each tenant's own counters. A call acts through a `TenantScope` over them."""
+"""Tenants: the node's tenant map, its operator and public tenants and the per-tenant
+bounds; each call's `Caller` (`kvstore.store.caller`) is made here, once, at the edge."""
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
+from kvstore.auth import ANONYMOUS
 from kvstore.errors import InvalidArgumentError
-from kvstore.keys import Namespace
-from kvstore.results import StoreStats
-from kvstore.store import Store
-from kvstore.store.counters import StoreCounters
-from kvstore.store.leases import Lease
-from kvstore.store.tiering import TieringCounters
+from kvstore.store.caller import Caller
 from kvstore.tenancy.tenant_map import TenantMap
 
 
@@ -38,40 +33,24 @@ class TenantRoles:
 
 
 class Tenants:
-    """The tenants of one node, over `store`; `secret` None: a node without tenants."""
+    """The tenants of one node; `secret` None: a node without tenants."""
 
-    def __init__(self, store: Store, secret: bytes | None, roles: TenantRoles | None = None):
-        roles = roles or TenantRoles()
-        self.store = store
-        self.tenant_map = TenantMap(secret, roles.public_tenant)
-        self.admin_tenant = roles.admin_tenant
-        self.max_namespaces_per_tenant = roles.max_namespaces_per_tenant
-        self._lock = threading.Lock()  # gRPC's loop and the data plane's thread count here
-        self._counters: dict[str, StoreCounters] = {}
+    def __init__(self, secret: bytes | None, roles: TenantRoles | None = None) -> None:
+        self.roles = roles or TenantRoles()
+        self.tenant_map = TenantMap(secret, self.roles.public_tenant)
 
-    def count_read(self, tenant: str, lease: Lease, namespace: Namespace) -> None:
-        num_hits = sum(lease.found)
-        num_misses = len(lease.found) - num_hits
-        block_tokens, nbytes = namespace.block_tokens, num_hits * namespace.block_bytes
-        with self._lock:
-            c = self._counters.setdefault(tenant, StoreCounters())
-            c.hits += num_hits
-            c.misses += num_misses
-            c.miss_tokens += num_misses * block_tokens
-            c.bytes_read += nbytes
+    def caller(self, tenant: str, peer: str) -> Caller:
+        """Who a call from `peer` (its gRPC peer), authenticated as `tenant`, is for.
 
-    def count_commit(self, tenant: str, num_blocks: int, nbytes: int) -> None:
-        with self._lock:
-            c = self._counters.setdefault(tenant, StoreCounters())
-            c.blocks_committed += num_blocks
-            c.bytes_written += nbytes
-
-    def stats_of(self, tenant: str) -> StoreStats:
-        """`tenant`'s own view: its blocks, namespaces, bytes per tier (its quota as the
-        capacity) and counters; node-wide events (evictions, demotions, ...) read 0."""
-        num_blocks, tiers = self.store.tenant_usage(tenant)
-        num_namespaces = self.store.num_namespaces_of(tenant)
-        with self._lock:
-            counters = self._counters.get(tenant, StoreCounters())
-            sizes = (num_blocks, num_namespaces, 0, 0)
-            return counters.stats(sizes, TieringCounters(), tiers)
+        With tenants, what the call opens (reservations, leases) belongs to and counts
+        against its tenant, whose clients share it; without, against the peer. Its
+        namespace ids are the tenant's own, mapped before the store sees them."""
+        if not self.tenant_map.is_enabled:
+            return Caller(owner=peer)
+        return Caller(
+            owner=peer if tenant == ANONYMOUS else tenant,
+            tenant=tenant,
+            namespaces=self.tenant_map.of(tenant),
+            max_namespaces=self.roles.max_namespaces_per_tenant,
+            sees_node=tenant == self.roles.admin_tenant,
+        )

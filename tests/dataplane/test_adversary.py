@@ -256,7 +256,7 @@ def test_corrupted_block_is_never_accepted_by_the_client(node, transport):
         client.put_chain(NS.id, keys, blocks)
         lease = node.store.acquire(NS.id, keys[1:2])
         lease.views[0][100] ^= 0xFF  # flip a byte behind the store's back
-        node.store.release(lease.lease_id)
+        lease.release()
         out = [np.zeros(NS.block_bytes, np.uint8) for _ in keys]
         assert client.get_into(NS.id, keys, out) == (True, False, True)
         assert (out[0] == blocks[0]).all() and (out[2] == blocks[2]).all()

@@ -2,7 +2,7 @@
 each: move the bytes the other paths read, refuse a replayed hello, close a socket that
 never says hello, and end only the connection of a message past the limit. What only one
 plane has (regions, notes and the crew on shm; partly present puts and other hosts on tcp)
-is in `test_shm.py` and `test_tcp.py`."""
+is in `test_shm_*.py` and `test_tcp_*.py`."""
 
 from __future__ import annotations
 

@@ -43,8 +43,8 @@ def _keys(n: int, seed: int) -> list[bytes]:
 def _put(store: Store, keys: list[bytes]) -> None:
     res = store.reserve(NS.id, keys)
     for i in range(len(keys)):
-        store.write(res.reservation_id, i, 0, bytes([i]) * BLOCK)
-    store.commit(res.reservation_id)
+        res.write(i, 0, bytes([i]) * BLOCK)
+    res.commit()
 
 
 def _open(store: Store) -> tuple[int, int]:
@@ -74,9 +74,9 @@ def test_an_injected_clock_jumping_back_and_far_ahead():
         late_lease = store.acquire(NS.id, first)
         assert late_lease.expires_at == LEASE_S
         store.reserve(NS.id, _keys(2, seed=3))  # due at RESERVATION_S
-        store.write(early.reservation_id, 0, 0, bytes(BLOCK))
-        store.write(early.reservation_id, 1, 0, bytes(BLOCK))
-        assert store.commit(early.reservation_id) == 2
+        early.write(0, 0, bytes(BLOCK))
+        early.write(1, 0, bytes(BLOCK))
+        assert early.commit() == 2
         assert _open(store) == (2, 1)
 
         clock.now = RESERVATION_S - 0.001  # each deadline counts from when it was made

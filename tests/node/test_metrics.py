@@ -124,8 +124,8 @@ def test_the_collector_reads_one_stats_snapshot_per_scrape():
         keys = _chain(3)
         res = st.reserve(NS.id, keys)
         for i, block in enumerate(_blocks(keys)):
-            st.write(res.reservation_id, i, 0, block.tobytes())
-        st.commit(res.reservation_id)
+            res.write(i, 0, block.tobytes())
+        res.commit()
         st.read(NS.id, keys[:2])
         samples = {
             (s.name, frozenset(s.labels.items())): s.value

@@ -19,7 +19,7 @@ from kvstore.client import Client
 from kvstore.client.common import raise_rpc_error
 from kvstore.keys import KVLayout, Namespace, block_keys
 from kvstore.node.server import EmbeddedServer, ServerConfig
-from kvstore.store import StoreConfig
+from kvstore.store import Reservation, StoreConfig
 
 NS = Namespace("stream-model", KVLayout("float16", 2, 2, 16, 16))  # 4 KiB blocks
 BLOCK = NS.block_bytes
@@ -76,22 +76,22 @@ def test_a_stream_that_fails_on_a_bad_chunk_undoes_its_half_written_blocks(clien
     _finish_and_check(client, keys, rid)
 
 
-def test_a_stream_the_client_cancels_undoes_its_half_written_blocks(server, client):
+def test_a_stream_the_client_cancels_undoes_its_half_written_blocks(client, monkeypatch):
     keys, rid = _reserve_two(client)
-    store = server.store
     landed, rewound, unblock = threading.Event(), threading.Event(), threading.Event()
-    real_write, real_rewind = store.write, store.rewind
+    real_write, real_rewind = Reservation.write, Reservation.rewind
 
-    def write(reservation_id, index, offset, data, owner):  # type: ignore[no-untyped-def]
-        real_write(reservation_id, index, offset, data, owner)
+    def write(res, index, offset, data):  # type: ignore[no-untyped-def]
+        real_write(res, index, offset, data)
         if index == 1:
             landed.set()
 
-    def rewind(reservation_id, index, offset, owner):  # type: ignore[no-untyped-def]
-        real_rewind(reservation_id, index, offset, owner)
+    def rewind(res, index, offset):  # type: ignore[no-untyped-def]
+        real_rewind(res, index, offset)
         rewound.set()
 
-    store.write, store.rewind = write, rewind  # type: ignore[method-assign]
+    monkeypatch.setattr(Reservation, "write", write)
+    monkeypatch.setattr(Reservation, "rewind", rewind)
 
     def chunks() -> Iterator[pb.WriteChunk]:
         yield _chunk(rid, 0, 0, _block(1))

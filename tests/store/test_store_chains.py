@@ -42,8 +42,8 @@ def _put(store: Store, keys: list[bytes], parents: list[bytes | None], ns: Names
     res = store.reserve(ns.id, keys, parents)
     for i, status in enumerate(res.statuses):
         if status is PutStatus.RESERVED:
-            store.write(res.reservation_id, i, 0, _payload(keys[i]))
-    store.commit(res.reservation_id)
+            res.write(i, 0, _payload(keys[i]))
+    res.commit()
     store.check_integrity()
 
 
@@ -123,7 +123,7 @@ def test_a_call_may_build_on_its_own_earlier_keys_and_on_present_ones():
         _put_chain(store, chain[:2])
         res = store.reserve(NS.id, chain, [None, chain[0], chain[1], chain[2]])
         assert res.statuses == (PutStatus.PRESENT,) * 2 + (PutStatus.RESERVED,) * 2
-        store.abort(res.reservation_id)
+        res.abort()
         store.check_integrity()
 
 

@@ -15,7 +15,7 @@ from kvstore import errors
 from kvstore.client import Client
 from kvstore.keys import KVLayout, Namespace, block_keys
 from kvstore.results import PutStatus
-from kvstore.store import Store, StoreConfig
+from kvstore.store import Lease, Store, StoreConfig
 from kvstore.store.tiers.hbm import is_cuda_available
 from tests.conftest import require_extra
 
@@ -50,14 +50,13 @@ def _put(store: Store, keys: list[bytes]) -> None:
     res = store.reserve(NS.id, keys, [None, *keys[:-1]])
     for i, key in enumerate(keys):
         if res.statuses[i] is PutStatus.RESERVED:  # the others are already stored
-            store.write(res.reservation_id, i, 0, _payload(key))
-    store.commit(res.reservation_id)
+            res.write(i, 0, _payload(key))
+    res.commit()
 
 
 def _read(store: Store, keys: list[bytes], device: bool) -> list:
     """(kind, bytes) of each view: "host" for a memoryview, else the tensor's device type."""
-    lease = store.acquire(NS.id, keys, device=device)
-    try:
+    with store.acquire(NS.id, keys, device=device) as lease:
         out = []
         for view in lease.views:
             if isinstance(view, memoryview):
@@ -65,8 +64,6 @@ def _read(store: Store, keys: list[bytes], device: bool) -> list:
             else:
                 out.append((view.device.type, view.cpu().numpy().tobytes()))
         return out
-    finally:
-        store.release(lease.lease_id)
 
 
 def _usage(store: Store, tier: str):
@@ -109,7 +106,7 @@ def test_a_full_hbm_evicts_by_policy_but_never_a_leased_copy():
         _read(store, b, device=True)  # a's copies are leased: b gets none
         assert store.match(NS.id, b).tiers == ("dram", "dram")
         assert [v.numpy().tobytes() for v in held.views] == [_payload(k) for k in a]
-        store.release(held.lease_id)
+        held.release()
         _read(store, b, device=True)  # now a's copies go, tail first
         assert store.match(NS.id, b).tiers == ("hbm", "hbm")
         assert store.match(NS.id, a).tiers == ("dram", "dram")
@@ -126,7 +123,7 @@ def test_a_block_leaving_dram_leaves_hbm_and_a_leased_copy_is_freed_at_release()
         store.check_integrity()
         assert _usage(store, "hbm").num_blocks == 2  # still read by `held`
         assert [v.numpy().tobytes() for v in held.views] == [_payload(k) for k in keys]
-        store.release(held.lease_id)
+        held.release()
         assert _usage(store, "hbm").num_blocks == 0
         other = _chain(4, seed=2)  # DRAM evicts the earlier blocks: their copies go too
         _put(store, other[:2])
@@ -208,7 +205,7 @@ def test_random_operations_keep_every_tier_consistent(tmp_path, seed):
         background_demotion=False,
     )
     chains = [_chain(3, seed=s) for s in range(8)]
-    held: list[int] = []
+    held: list[Lease] = []
     with Store(config) as store:
         store.register_namespace(NS)
         for _ in range(150):
@@ -224,15 +221,15 @@ def test_random_operations_keep_every_tier_consistent(tmp_path, seed):
                         got = bytes(view) if isinstance(view, memoryview) else view.numpy()
                         assert bytes(got) == _payload(key)
                 if action == "hold" and len(held) < 2:
-                    held.append(lease.lease_id)
+                    held.append(lease)
                 else:
-                    store.release(lease.lease_id)
+                    lease.release()
             elif action == "release" and held:
-                store.release(held.pop())
+                held.pop().release()
             elif action == "remove":
                 store.remove(NS.id, keys[int(rng.integers(3)) :])
             store.check_integrity()
-        for lease_id in held:
-            store.release(lease_id)
+        for lease in held:
+            lease.release()
         store.check_integrity()
         assert _usage(store, "hbm").hits > 0

@@ -17,9 +17,11 @@ from kvstore.config import build
 from kvstore.keys import KVLayout, Namespace, block_keys
 from kvstore.node.server import EmbeddedServer, ServerConfig
 from kvstore.store import Store, StoreConfig
+from kvstore.store.caller import Caller
 
 NS = Namespace("limit-model", KVLayout("float16", 2, 1, 8, 4))  # 256-byte blocks
 BLOCK = NS.block_bytes
+A, B = Caller(owner="a"), Caller(owner="b")  # two clients
 
 
 class FakeClock:
@@ -86,21 +88,23 @@ def test_namespace_fields_at_their_limits_are_accepted():
 
 def test_open_reservations_are_limited_per_client_and_in_all():
     with _make_store(max_reservations_per_client=2, max_reservations=3) as store:
-        a1, a2 = (store.reserve(NS.id, _keys(i), owner="a") for i in range(2))
+        a1, a2 = (store.reserve(NS.id, _keys(i), caller=A) for i in range(2))
         with pytest.raises(errors.TooManyReservationsError, match="per_client = 2"):
-            store.reserve(NS.id, _keys(2), owner="a")
-        store.reserve(NS.id, _keys(3), owner="b")
+            store.reserve(NS.id, _keys(2), caller=A)
+        store.reserve(NS.id, _keys(3), caller=B)
         with pytest.raises(errors.TooManyReservationsError, match="max_reservations = 3"):
-            store.reserve(NS.id, _keys(4), owner="b")
+            store.reserve(NS.id, _keys(4), caller=B)
         assert store.stats().num_reservations == 3
         store.check_integrity()
-        store.abort(a1.reservation_id, owner="a")
-        store.write(a2.reservation_id, 0, 0, b"x" * BLOCK, owner="a")
-        store.commit(a2.reservation_id, owner="a")
+        with pytest.raises(errors.UnknownReservationError):  # a's, to b: unknown
+            store.reservation(a1.reservation_id, caller=B)
+        store.reservation(a1.reservation_id, caller=A).abort()
+        a2.write(0, 0, b"x" * BLOCK)
+        a2.commit()
         for i in (5, 6):  # both of a's are ended: a may open two again
-            store.reserve(NS.id, _keys(i), owner="a")
+            store.reserve(NS.id, _keys(i), caller=A)
         store.clock.now += 30.0  # every reservation expires
-        store.reserve(NS.id, _keys(7), owner="b")
+        store.reserve(NS.id, _keys(7), caller=B)
         store.check_integrity()
         assert store.stats().num_reservations == 1
 
@@ -108,17 +112,17 @@ def test_open_reservations_are_limited_per_client_and_in_all():
 def test_open_leases_are_limited_per_client_and_in_all():
     with _make_store(max_leases_per_client=2, max_leases=3) as store:
         keys = _keys(0)
-        first = store.acquire(NS.id, keys, owner="a")
-        store.acquire(NS.id, keys, owner="a")
+        first = store.acquire(NS.id, keys, caller=A)
+        store.acquire(NS.id, keys, caller=A)
         with pytest.raises(errors.TooManyLeasesError, match="per_client = 2"):
-            store.acquire(NS.id, keys, owner="a")
+            store.acquire(NS.id, keys, caller=A)
         store.acquire(NS.id, keys)  # in process: the local client
         with pytest.raises(errors.TooManyLeasesError, match="max_leases = 3"):
-            store.acquire(NS.id, keys, owner="b")
-        store.release(first.lease_id)
-        store.acquire(NS.id, keys, owner="a")
+            store.acquire(NS.id, keys, caller=B)
+        first.release()
+        store.acquire(NS.id, keys, caller=A)
         store.clock.now += 30.0
-        store.acquire(NS.id, keys, owner="b")  # the three before expired
+        store.acquire(NS.id, keys, caller=B)  # the three before expired
         store.check_integrity()
         assert store.stats().num_leases == 1
 

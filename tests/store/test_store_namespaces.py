@@ -42,8 +42,8 @@ def _put(store: Store, ns: Namespace, keys: list[bytes]) -> tuple[PutStatus, ...
     res = store.reserve(ns.id, keys, [None, *keys[:-1]])
     for i, status in enumerate(res.statuses):
         if status is PutStatus.RESERVED:
-            store.write(res.reservation_id, i, 0, _payload(ns, keys[i]))
-    store.commit(res.reservation_id)
+            res.write(i, 0, _payload(ns, keys[i]))
+    res.commit()
     store.check_integrity()
     return res.statuses
 
@@ -63,8 +63,8 @@ def test_reserve_tells_nothing_of_another_namespace():
         in_flight = store.reserve(NS_B.id, KEYS[1:2], [KEYS[0]])
         res = store.reserve(NS_A.id, KEYS[:2])
         assert res.statuses == (PutStatus.RESERVED, PutStatus.RESERVED)
-        store.abort(res.reservation_id)
-        store.abort(in_flight.reservation_id)
+        res.abort()
+        in_flight.abort()
         store.check_integrity()
 
 

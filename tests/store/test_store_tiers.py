@@ -40,8 +40,8 @@ def _payload(key: bytes) -> bytes:
 def _put(store: Store, keys: list[bytes]) -> None:
     res = store.reserve(NS.id, keys, [None, *keys[:-1]])
     for i, key in enumerate(keys):
-        store.write(res.reservation_id, i, 0, _payload(key))
-    store.commit(res.reservation_id)
+        res.write(i, 0, _payload(key))
+    res.commit()
     store.check_integrity()
 
 

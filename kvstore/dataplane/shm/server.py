@@ -197,7 +197,7 @@ class ShmServer(SocketServer):
     ) -> Reply:
         size = req.block_bytes // req.segments
         targets = [regions.span(off, size) for off in offsets]  # all checked before a lease
-        lease = conn.store.acquire(req.namespace_id, req.keys, True, conn.peer)
+        lease = conn.acquire(req)
         try:
             hits = [i for i, v in enumerate(lease.views) if v is not None]
             flags = frames.flags_of(lease.found)
@@ -206,7 +206,7 @@ class ShmServer(SocketServer):
             _copy_noting(sock, req, targets, blocks, units, self._crew, self.get_helpers)
             sums = tuple(lease.checksums[i] for i in hits)
         finally:
-            conn.store.release(lease.lease_id)
+            lease.release()
         if self.metrics is not None:
             self.metrics.moved("shm", "get", 0, len(hits) * req.block_bytes)
         return Reply(flags, 0, req.block_bytes, checksums=sums)
@@ -220,26 +220,25 @@ class ShmServer(SocketServer):
         sums: _Sums | None = None,
     ) -> Reply:
         sources = [regions.span(off, req.block_bytes) for off in offsets]
-        reserved = conn.store.reserve(req.namespace_id, req.keys, req.parents, conn.peer)
-        rid = reserved.reservation_id
-        todo = [i for i, s in enumerate(reserved.statuses) if s is PutStatus.RESERVED]
+        res = conn.reserve(req)
+        todo = [i for i, s in enumerate(res.statuses) if s is PutStatus.RESERVED]
         try:
-            views = conn.store.reservation_views(rid, conn.peer) if todo else {}
+            views = res.views()
             copies = [  # summed from the node's copy, which the client cannot touch
                 functools.partial(copy_summed, np.frombuffer(views[i], np.uint8), sources[i])
                 for i in todo
             ]
             crcs = dict(zip(todo, self._crew.run(copies, len(todo) * req.block_bytes), strict=True))
             checksums = req.checksums if sums is None else sums.read()
-            conn.store.commit(rid, checksums or None, conn.peer, written=crcs)
+            res.commit(checksums or None, written=crcs)
         except BaseException:
             with contextlib.suppress(errors.KVStoreError):
-                conn.store.abort(rid, conn.peer)
+                res.abort()
             raise
         if self.metrics is not None:
             self.metrics.moved("shm", "put", len(todo) * req.block_bytes, 0)
-        flags = tuple(STATUS_CODES.index(s) for s in reserved.statuses)
-        return Reply(flags, rid, req.block_bytes)
+        flags = tuple(STATUS_CODES.index(s) for s in res.statuses)
+        return Reply(flags, res.reservation_id, req.block_bytes)
 
 
 def _copy_noting(

@@ -31,7 +31,7 @@ from kvstore.dataplane.connections import Connection, Connections
 from kvstore.dataplane.sockets import messages as socket_messages
 from kvstore.metrics import CallMetrics
 from kvstore.store import Store
-from kvstore.tenancy import Tenants, TenantScope
+from kvstore.tenancy import Tenants
 
 log = logging.getLogger("kvstore.dataplane")
 REAP_PERIOD_S = 1.0
@@ -53,7 +53,7 @@ class SocketServer(DataPlaneServer):
         tenants: Tenants | None = None,
     ) -> None:
         self.store = store
-        self.tenants = tenants or Tenants(store, None)
+        self.tenants = tenants or Tenants(None)
         self.settings = settings or ServerSettings()
         self.metrics = metrics
         self._connections = Connections(self.settings)
@@ -99,7 +99,7 @@ class SocketServer(DataPlaneServer):
             raise errors.InvalidArgumentError(
                 f"a {self.plane} client sends no address (it connects)"
             )
-        conn = self._connections.admit(peer, TenantScope(self.tenants, tenant))
+        conn = self._connections.admit(peer, self.store, self.tenants.caller(tenant, peer))
         log.info("event=%s_admit client=%d peer=%s", self.plane, conn.client_id, peer)
         return Admission(conn.client_id, conn.tags.secret)
 

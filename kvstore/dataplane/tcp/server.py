@@ -146,7 +146,7 @@ class TcpServer(SocketServer):
     def _get(self, sock: socket.socket, conn: Connection, req: Request) -> None:
         """Replies, then sends the found blocks' bytes (a refusal raises before either)."""
         conn.check_block_bytes(req)
-        lease = conn.store.acquire(req.namespace_id, req.keys, True, conn.peer)
+        lease = conn.acquire(req)
         try:
             hits = [i for i, v in enumerate(lease.views) if v is not None]
             sums = tuple(lease.checksums[i] for i in hits)
@@ -161,7 +161,7 @@ class TcpServer(SocketServer):
                 deadline,
             )
         finally:
-            conn.store.release(lease.lease_id)
+            lease.release()
         if self.metrics is not None:
             self.metrics.moved("tcp", "get", 0, len(hits) * req.block_bytes)
 
@@ -176,21 +176,19 @@ class TcpServer(SocketServer):
         deadline = time.monotonic() + self.settings.timeout_s
         try:
             conn.check_block_bytes(req)
-            reserved = conn.store.reserve(req.namespace_id, req.keys, req.parents, conn.peer)
+            res = conn.reserve(req)
         except errors.KVStoreError:
             if req.eager:
                 streams.drain(sock, len(req.keys) * req.block_bytes, self._scratch, deadline)
                 self._read_sums(sock, req)
             raise
-        rid = reserved.reservation_id
-        statuses = Reply(
-            tuple(STATUS_CODES.index(s) for s in reserved.statuses), rid, req.block_bytes
-        )
-        todo = {i for i, s in enumerate(reserved.statuses) if s is PutStatus.RESERVED}
+        flags = tuple(STATUS_CODES.index(s) for s in res.statuses)
+        statuses = Reply(flags, res.reservation_id, req.block_bytes)
+        todo = {i for i, s in enumerate(res.statuses) if s is PutStatus.RESERVED}
         try:
             if not req.eager:
                 socket_messages.send(sock, socket_messages.encode_reply(statuses))
-            views = conn.store.reservation_views(rid, conn.peer) if todo else {}
+            views = res.views()
             crcs: dict[int, int] = {}
             for in_todo, group in itertools.groupby(range(len(req.keys)), todo.__contains__):
                 run = list(group)  # of blocks in a row, all reserved or none
@@ -203,10 +201,10 @@ class TcpServer(SocketServer):
                 streams.receive_summed(sock, slots, landed, deadline)
                 crcs.update(zip(run, landed, strict=True))
             sums = self._read_sums(sock, req) if req.eager else req.checksums
-            conn.store.commit(rid, sums, conn.peer, written=crcs)
+            res.commit(sums, written=crcs)
         except BaseException:
             with contextlib.suppress(errors.KVStoreError):
-                conn.store.abort(rid, conn.peer)
+                res.abort()
             raise
         if self.metrics is not None:
             self.metrics.moved("tcp", "put", len(todo) * req.block_bytes, 0)

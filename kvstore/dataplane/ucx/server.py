@@ -31,7 +31,7 @@ Messages under tags no receive will match are dropped by the sweeper (`sweeper`)
 from the ones a connection may still receive by `expected`.
 
 Tenants: a connection is bound at admission to the tenant its authenticated handshake
-named, and every frame acts through that tenant's scope (`kvstore.tenancy.TenantScope`):
+named, and every frame is for that tenant's `Caller` (`kvstore.tenancy.Tenants.caller`):
 the namespace ids a frame names are the tenant's own, mapped as the gRPC calls map them.
 """
 
@@ -57,8 +57,8 @@ from kvstore.dataplane.ucx.runtime import UcxRuntime, with_deadline
 from kvstore.dataplane.ucx.sweeper import Sweeper, Swept, sweep_forever
 from kvstore.metrics import CallMetrics
 from kvstore.results import PutStatus
-from kvstore.store import Store
-from kvstore.tenancy import Tenants, TenantScope
+from kvstore.store import Reservation, Store
+from kvstore.tenancy import Tenants
 
 log = logging.getLogger("kvstore.dataplane")
 SWEEP_PERIOD_S = 0.05  # how often the worker's unmatched messages are looked at (`sweeper`)
@@ -75,7 +75,7 @@ class UcxServer(DataPlaneServer):
         tenants: Tenants | None = None,
     ) -> None:
         self.store = store
-        self.tenants = tenants or Tenants(store, None)  # None: a node without tenants
+        self.tenants = tenants or Tenants(None)  # None: a node without tenants
         self.settings = settings or ServerSettings()
         self.metrics = metrics  # plane "ucx": calls, bytes, rejections by error class
         self.timeout_s = self.settings.timeout_s
@@ -106,7 +106,7 @@ class UcxServer(DataPlaneServer):
             raise errors.InvalidArgumentError(
                 f"client_address has {len(client_address)} bytes; 1 to {s.max_address_bytes}"
             )
-        conn = self._connections.admit(peer, TenantScope(self.tenants, tenant))
+        conn = self._connections.admit(peer, self.store, self.tenants.caller(tenant, peer))
         try:
             self._checker.check(client_address)
             self._rt.call(self._accept(conn, client_address), self.timeout_s)
@@ -231,7 +231,7 @@ class UcxServer(DataPlaneServer):
     async def _get(self, conn: Connection, tags: RequestTags, req: Request) -> None:
         try:
             conn.check_block_bytes(req)
-            lease = conn.store.acquire(req.namespace_id, req.keys, True, conn.peer)
+            lease = conn.acquire(req)
         except errors.KVStoreError as exc:
             await self._reply(conn.ep, Reply(error=exc), tags.reply, Op.GET)
             return
@@ -253,7 +253,7 @@ class UcxServer(DataPlaneServer):
             self._drop(conn.client_id, "get_failed")  # cancel sends that still read the slots
             raise
         finally:
-            conn.store.release(lease.lease_id)
+            lease.release()
 
     # -- put -----------------------------------------------------------------------------
 
@@ -264,25 +264,25 @@ class UcxServer(DataPlaneServer):
             await self._reply(conn.ep, Reply(error=exc), tags.reply, Op.PUT)
             return
         try:
-            reserved = conn.store.reserve(req.namespace_id, req.keys, req.parents, conn.peer)
+            res = conn.reserve(req)
         except errors.KVStoreError as exc:
             await self._refuse_put(conn, tags, req, exc)
             return
-        rid = reserved.reservation_id
-        todo = [i for i, s in enumerate(reserved.statuses) if s is PutStatus.RESERVED]
-        flags = tuple(STATUS_CODES.index(s) for s in reserved.statuses)
+        todo = [i for i, s in enumerate(res.statuses) if s is PutStatus.RESERVED]
+        flags = tuple(STATUS_CODES.index(s) for s in res.statuses)
         try:
-            views = conn.store.reservation_views(rid, conn.peer) if todo else {}
+            views = res.views()
             slots = [views[i] for i in todo]
             receives = transfers.post_receives(conn.ep, slots, [tags.block(i) for i in todo])
             drains = self._drain(conn, tags, req, set(todo))
-            await self._reply(conn.ep, Reply(flags, rid, req.block_bytes), tags.reply, Op.PUT)
+            reply = Reply(flags, res.reservation_id, req.block_bytes)
+            await self._reply(conn.ep, reply, tags.reply, Op.PUT)
             crcs = await with_deadline(self._land(receives, slots, drains), self.timeout_s)
         except BaseException:
             self._drop(conn.client_id, "put_failed")  # cancel receives into the slots first
-            self._abort_quietly(conn, rid)
+            _abort_quietly(res)
             raise
-        await self._finish_put(conn, tags, req, rid, dict(zip(todo, crcs, strict=True)))
+        await self._finish_put(conn, tags, req, res, dict(zip(todo, crcs, strict=True)))
 
     def _drain(
         self, conn: Connection, tags: RequestTags, req: Request, kept: set[int]
@@ -318,13 +318,18 @@ class UcxServer(DataPlaneServer):
             raise
 
     async def _finish_put(
-        self, conn: Connection, tags: RequestTags, req: Request, rid: int, crcs: dict[int, int]
+        self,
+        conn: Connection,
+        tags: RequestTags,
+        req: Request,
+        res: Reservation,
+        crcs: dict[int, int],
     ) -> None:
         try:
             # The sums are known: a short bookkeeping pass under the store's lock, inline.
-            conn.store.commit(rid, req.checksums or None, conn.peer, written=crcs)
+            res.commit(req.checksums or None, written=crcs)
         except errors.KVStoreError as exc:
-            self._abort_quietly(conn, rid)
+            _abort_quietly(res)
             log.warning("event=ucx_put_rejected client=%d error=%s", conn.client_id, exc)
             await self._reply(conn.ep, Reply(error=exc), tags.done, Op.PUT)
             return
@@ -332,9 +337,10 @@ class UcxServer(DataPlaneServer):
             self.metrics.moved("ucx", "put", len(crcs) * req.block_bytes, 0)
         await self._reply(conn.ep, Reply(), tags.done, Op.PUT)
 
-    def _abort_quietly(self, conn: Connection, rid: int) -> None:
-        with contextlib.suppress(errors.KVStoreError):
-            conn.store.abort(rid, conn.peer)
+
+def _abort_quietly(res: Reservation) -> None:
+    with contextlib.suppress(errors.KVStoreError):
+        res.abort()
 
 
 def _parts(

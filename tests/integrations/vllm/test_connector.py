@@ -122,7 +122,7 @@ def test_a_block_failing_its_checksum_after_the_forward_read_it_never_yields_a_t
         assert all(node.store.has_key(ns.id, k) for k in keys), "the writer published them"
         lease = node.store.acquire(ns.id, [keys[5]])
         lease.views[0][-1] ^= 0xFF  # block 5's last layer, behind the store's back
-        node.store.release(lease.lease_id)
+        lease.release()
         spec = _kvstore(model, node.address, {"turns": [PROMPT]})
         spec["connector_extra"] = {"kvstore.transport": transport}
         reader = run_vllm(tmp_path, "reader", **spec)

@@ -263,7 +263,7 @@ def test_a_load_by_layer_counts_only_the_whole_prefix(damage):
         else:  # a byte of its last layer, flipped behind the store's back
             lease = node.store.acquire(NS.id, blocks.keys[2:3])
             lease.views[0][-1] ^= 0xFF
-            node.store.release(lease.lease_id)
+            lease.release()
         layer_load = _layer_load_of(client, dst, blocks, 5)
         for layer in range(LAYERS):
             layer_load.wait_layer(layer)

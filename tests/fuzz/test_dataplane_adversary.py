@@ -1,344 +1,52 @@
-"""The data plane's frames under arbitrary input (hypothesis): exact encoding, and a node
-that ends only the connection that sent a bad frame.
-
-Pure properties of `kvstore.dataplane.frames`: every valid request and reply decodes to
-itself; every truncation, extension with nonzero bytes and single bit flip of an encoded
-frame raises InvalidArgumentError; any sealed body decodes to nothing but a request that
-encodes back to the same frame. Against a node: an adversary holding its own connection's
-secret sends arbitrary bytes and arbitrary requests under its request tag and under random
-tags; after each example the node has dropped that connection exactly when a frame of it
-was bad (one log line), an honest client's connection is the same one and round-trips its
-own bytes, and nothing stays leased or reserved.
+"""The data plane against an adversary (hypothesis): a node that ends only the connection
+that sent a bad frame. An adversary holding its own connection's secret (`dataplane_cases`)
+sends arbitrary bytes and arbitrary requests under its request tag and under random tags, and
+PUTs of right and wrong blocks; after each example the node has dropped that connection
+exactly when a frame of it was bad (one log line), an honest client's connection is the same
+one and round-trips its own bytes, and nothing stays leased or reserved. Blocks of a request
+never made end their connection, and a flood of frames under unmatched tags does not grow the
+node.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hashlib
 import logging
 import os
-import struct
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import grpc
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from kvstore import errors
-from kvstore._proto import kvstore_pb2 as pb
-from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.checksum import checksum
 from kvstore.client import Client
 from kvstore.dataplane import frames
-from kvstore.dataplane.frames import Kind, Op, Reply, Request, RequestTags, Tags
-from kvstore.keys import KEY_BYTES, KVLayout, Namespace, block_keys
+from kvstore.dataplane.frames import Kind, Op, Request, RequestTags
 from kvstore.node.server import EmbeddedServer, ServerConfig
 from kvstore.store import StoreConfig
 from tests.conftest import require_extra, wait_until
-
-NS = Namespace("fuzz-dp", KVLayout("float16", 2, 2, 16, 16))  # 4 KiB blocks
-MAX_BATCH_KEYS = 32
-TRANSFER_TIMEOUT_S = 3.0  # an adversary's request that never completes ends by then (at
-# 1 s, a right put on a two-core host running the whole suite ran past it in two CI runs)
-KNOWN_KEYS = tuple(block_keys(NS, list(range(4 * NS.block_tokens))))  # committed at start
-SERVER_BUF = frames.request_bytes(MAX_BATCH_KEYS)  # what the node receives a request into
-PROPERTIES = settings(max_examples=300, deadline=None)
-NODE_FUZZ = settings(
-    max_examples=200,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+from tests.fuzz.dataplane_cases import (
+    KNOWN_KEYS,
+    MAX_BATCH_KEYS,
+    NODE_FUZZ,
+    NS,
+    SERVER_BUF,
+    TRANSFER_TIMEOUT_S,
+    Adversary,
+    Node,
+    _content,
+    _decode,
+    keys32,
+    nonzero,
+    u32,
+    u64,
 )
-
-u32 = st.integers(0, 2**32 - 1)
-u64 = st.integers(0, 2**64 - 1)
-keys32 = st.binary(min_size=KEY_BYTES, max_size=KEY_BYTES)
-parent_keys = keys32.map(lambda k: k if any(k) else b"\1" + k[1:])  # zeros mean "no parent"
-# Bytes that are not all zero (a zeroed receive buffer holds zeros past a frame).
-nonzero = st.builds(
-    lambda head, byte, tail: head + bytes([byte]) + tail,
-    st.binary(max_size=16),
-    st.integers(1, 255),
-    st.binary(max_size=16),
-)
-
-
-# -- pure properties of frames -----------------------------------------------------------------
-
-
-@st.composite
-def requests(draw: st.DrawFn, max_keys: int = 40) -> Request:
-    """Any request the encoding can carry exactly."""
-    op = draw(st.sampled_from(Op))
-    keys = draw(st.lists(keys32, max_size=max_keys))
-    parents = draw(
-        st.none() | st.lists(st.none() | parent_keys, min_size=len(keys), max_size=len(keys))
-    )
-    checksums = draw(st.lists(u32, min_size=len(keys), max_size=len(keys))) if op is Op.PUT else []
-    # A GET in parts: as many as divide the block, each part's tag within range.
-    segments = draw(st.integers(2, 64)) if op is Op.GET and draw(st.booleans()) else 1
-    return Request(
-        op,
-        draw(u64),
-        draw(keys32),
-        tuple(keys),
-        draw(st.integers(0, (2**64 - 1) // segments)) * segments,
-        None if parents is None else tuple(parents),
-        tuple(checksums),
-        draw(st.booleans()) if op is Op.PUT else False,  # eager: PUT only
-        segments,
-    )
-
-
-@st.composite
-def replies(draw: st.DrawFn) -> tuple[Reply, int, bool]:
-    """A reply, the number of keys it answers, and whether it carries checksums."""
-    if draw(st.booleans()):
-        cls = draw(
-            st.sampled_from([errors.BadKeyError, errors.StoreFullError, errors.KVStoreError])
-        )
-        return Reply(error=cls(draw(st.text(max_size=200)))), 0, False
-    flags = draw(st.lists(st.integers(0, 255), max_size=64))
-    with_checksums = draw(st.booleans())
-    num_sums = sum(f != 0 for f in flags) if with_checksums else 0
-    sums = draw(st.lists(u32, min_size=num_sums, max_size=num_sums))
-    reply = Reply(tuple(flags), draw(u64), draw(u64), None, tuple(sums))
-    return reply, len(flags), with_checksums
-
-
-def _decode(data: bytes, room: int = 0) -> Request:
-    """Decodes `data` received into a zeroed buffer `room` bytes longer than it."""
-    return frames.decode_request(memoryview(bytearray(data) + bytes(room)))
-
-
-def _refused(data: bytes) -> bool:
-    try:
-        _decode(data)
-    except errors.InvalidArgumentError:
-        return True
-    return False
-
-
-@PROPERTIES
-@given(req=requests(), room=st.integers(0, 64))
-def test_every_request_decodes_to_itself(req, room):
-    assert _decode(frames.encode_request(req), room) == req
-
-
-@PROPERTIES
-@given(reply=replies(), room=st.integers(0, 64))
-def test_every_reply_decodes_to_itself(reply, room):
-    reply, num_keys, with_checksums = reply
-    data = memoryview(bytearray(frames.encode_reply(reply)) + bytes(room))
-    got = frames.decode_reply(data, num_keys, with_checksums)
-    if reply.error is None:
-        assert got == reply
-    else:
-        assert type(got.error) is type(reply.error) and str(got.error) == str(reply.error)
-
-
-@PROPERTIES
-@given(req=requests(), data=st.data())
-def test_damaged_request_frames_are_refused(req, data):
-    """Cut anywhere (into a buffer that size, or a zeroed one the frame's size), extended
-    with bytes not all zero, or with any one bit flipped: InvalidArgumentError."""
-    frame = frames.encode_request(req)
-    cut = data.draw(st.integers(0, len(frame) - 1), label="cut")
-    assert _refused(frame[:cut])
-    padded = frame[:cut] + bytes(len(frame) - cut)
-    assert _refused(padded) or padded == frame  # only when the bytes cut were zeros
-    tail = data.draw(nonzero, label="tail")
-    assert _refused(frame + tail)
-    bit = data.draw(st.integers(0, 8 * len(frame) - 1), label="bit")
-    flipped = bytearray(frame)
-    flipped[bit // 8] ^= 1 << (bit % 8)
-    assert _refused(bytes(flipped))
-
-
-def test_every_single_bit_flip_of_a_frame_is_refused():
-    """Exhaustively, for one request of each op and a GET in parts: CRC32C catches every
-    single-bit error."""
-    keys = KNOWN_KEYS[:2]
-    reqs = [
-        Request(op, 7, NS.id, keys, 4096, (None, keys[0]), (1, 2) if op is Op.PUT else ())
-        for op in Op
-    ]
-    reqs.append(Request(Op.GET, 7, NS.id, keys, 4096, None, (), False, 8))
-    for req in reqs:
-        frame = frames.encode_request(req)
-        for bit in range(8 * len(frame)):
-            flipped = bytearray(frame)
-            flipped[bit // 8] ^= 1 << (bit % 8)
-            assert _refused(bytes(flipped)), f"{req.op.name}: bit {bit}"
-
-
-@PROPERTIES
-@given(reply=replies(), data=st.data())
-def test_damaged_reply_frames_are_refused(reply, data):
-    reply, num_keys, with_checksums = reply
-    frame = frames.encode_reply(reply)
-
-    def refused(raw: bytes) -> bool:
-        try:
-            frames.decode_reply(memoryview(bytearray(raw)), num_keys, with_checksums)
-        except errors.InvalidArgumentError:
-            return True
-        return False
-
-    assert refused(frame[: data.draw(st.integers(0, len(frame) - 1), label="cut")])
-    assert refused(frame + data.draw(nonzero))
-    bit = data.draw(st.integers(0, 8 * len(frame) - 1), label="bit")
-    flipped = bytearray(frame)
-    flipped[bit // 8] ^= 1 << (bit % 8)
-    assert refused(bytes(flipped))
-
-
-@st.composite
-def sealed_bodies(draw: st.DrawFn) -> bytes:
-    """Bodies with a valid length and checksum: random, or a real request's body with one
-    header field changed, or cut and extended."""
-    mode = draw(st.sampled_from(["field", "field", "resize", "random"]))
-    if mode == "random":
-        return draw(st.binary(max_size=400))
-    body = bytearray(frames.encode_request(draw(requests(max_keys=6)))[4:-4])
-    if mode == "resize":
-        return bytes(body[: draw(st.integers(0, len(body)))]) + draw(st.binary(max_size=70))
-    field_at = draw(st.sampled_from([0, 1, 13, 14]))  # op, num_keys, has_parents, request_id
-    if field_at == 1:
-        struct.pack_into("<I", body, 1, draw(st.integers(0, 8) | u32))
-    else:
-        body[field_at] = draw(st.integers(0, 255))
-    return bytes(body)
-
-
-@PROPERTIES
-@given(body=sealed_bodies(), room=st.integers(0, 16))
-def test_sealed_bodies_decode_only_to_requests_that_encode_back(body, room):
-    """Past the length and checksum, the body is checked exactly: anything accepted is
-    a request whose encoding is this very frame (no two frames mean one request)."""
-    frame = frames.seal(body)
-    try:
-        req = _decode(frame, room)
-    except errors.InvalidArgumentError:
-        event("refused")
-        return
-    event(f"accepted {req.op.name}")
-    assert frames.encode_request(req) == frame
-
-
-@PROPERTIES
-@given(data=st.binary(max_size=SERVER_BUF + 64))
-def test_arbitrary_bytes_raise_only_invalid_argument(data):
-    try:
-        req = _decode(data, SERVER_BUF - len(data) if len(data) < SERVER_BUF else 0)
-    except errors.InvalidArgumentError:
-        return
-    frame = frames.encode_request(req)  # accepted: exactly a frame, then zeros
-    assert data.startswith(frame) and not data[len(frame) :].strip(b"\0")
-
 
 # -- the node against an adversary -------------------------------------------------------------
-
-
-@dataclass
-class Adversary:
-    """One connection of a raw UCX worker to the node, holding that connection's secret."""
-
-    rt: Any
-    node: Any  # an EmbeddedServer or a `kvstore serve` process: anything with an address
-    tags: Tags = field(init=False)
-    client_id: int = field(init=False)
-    ep: Any = field(init=False)
-    last_id: int = 1 << 40  # the highest request id it sent (its own requests count up)
-
-    def __post_init__(self) -> None:
-        request = pb.DataPlaneInfoRequest(transport="ucx", client_address=self.rt.worker_address)
-        with grpc.insecure_channel(self.node.address) as channel:
-            reply = pb_grpc.KVStoreStub(channel).DataPlaneInfo(request, timeout=30)
-        self.tags, self.client_id = Tags(reply.connection_secret), reply.client_id
-        self.ep = self.rt.call(self._connect(reply.server_address), 10.0)
-
-    async def _connect(self, address: bytes) -> Any:
-        ucx_address = self.rt.ucxx.get_ucx_address_from_buffer(address)
-        return await self.rt.ctx.create_endpoint_from_worker_address(
-            ucx_address, endpoint_error_handling=False
-        )
-
-    def send(self, data: bytes, tag: int) -> None:
-        if tag == self.tags.request and len(data) <= SERVER_BUF:
-            with contextlib.suppress(errors.InvalidArgumentError):
-                self.last_id = max(self.last_id, _decode(data, SERVER_BUF - len(data)).request_id)
-        buf = np.frombuffer(data or b"\0", np.uint8)[: len(data)]
-        self.rt.call(self.ep.send(buf, tag=tag, force_tag=True), 10.0)
-
-    def next_id(self) -> int:
-        """An id past every one it sent, as a client's are: the node expects its blocks."""
-        self.last_id = min(self.last_id + 1, frames.MAX_REQUEST_ID)
-        return self.last_id
-
-    def receive_reply(
-        self, tag: int, num_keys: int, timeout_s: float, give_up: Callable[[], bool] = bool
-    ) -> Reply | None:
-        """The reply the node sends under `tag`; None if none came within `timeout_s` or
-        `give_up()` said so first (then this connection must not be used again: the
-        receive may still be posted)."""
-        buf = bytearray(frames.reply_bytes(num_keys))
-        received = self.rt.submit(self.ep.recv(buf, tag=tag, force_tag=True))
-        deadline = time.monotonic() + timeout_s
-        while not received.done():
-            if time.monotonic() > deadline or give_up():
-                received.cancel()
-                return None
-            time.sleep(0.02)
-        received.result()
-        return frames.decode_reply(memoryview(buf), num_keys)
-
-    def answers(self) -> bool:
-        """Whether the node still serves this connection: a GET of an unknown namespace,
-        sent after everything before it, gets its (error) reply."""
-        request_id = self.next_id()
-        probe = Request(Op.GET, request_id, bytes(KEY_BYTES), (bytes(KEY_BYTES),), 1)
-        self.send(frames.encode_request(probe), self.tags.request)
-        reply_tag = RequestTags.of(self.tags, request_id).reply
-        reply = self.receive_reply(reply_tag, 1, TRANSFER_TIMEOUT_S + 5.0)
-        return reply is not None and isinstance(reply.error, errors.UnknownNamespaceError)
-
-    def close(self) -> None:
-        self.rt.loop.call_soon_threadsafe(lambda: self.ep.abort(period=10**8))
-
-
-@dataclass
-class Node:
-    server: EmbeddedServer
-    client: Client  # the honest client: one connection for the whole module
-    client_id: int
-    rt: Any  # the adversary's worker
-    adversary: Adversary | None = None
-    num_round_trips: int = 0
-
-    def connected(self, client_id: int) -> bool:
-        """Whether the node still holds connection `client_id`, once its loop has run the
-        drops already scheduled."""
-        dp = self.server.dataplanes["ucx"]
-        asyncio.run_coroutine_threadsafe(asyncio.sleep(0), dp._rt.loop).result(timeout=10)
-        return client_id in dp._connections
-
-    def retire_adversary(self) -> None:
-        """Ends the adversary's connection as a client does (CLOSE), so that the node does
-        not hold it until its idle deadline; the next example makes a fresh one."""
-        adv, self.adversary = self.adversary, None
-        if adv is not None and self.connected(adv.client_id):
-            close = Request(Op.CLOSE, 0, bytes(KEY_BYTES), (), 0)
-            adv.send(frames.encode_request(close), adv.tags.request)
-            wait_until(lambda: not self.connected(adv.client_id), 10.0, "the connection ends")
-        if adv is not None:
-            adv.close()
 
 
 @pytest.fixture(scope="module")
@@ -361,11 +69,6 @@ def node() -> Iterator[Node]:
         finally:
             node.retire_adversary()
             rt.stop()
-
-
-def _content(key: bytes, nbytes: int = NS.block_bytes) -> bytes:
-    seed = hashlib.blake2b(key).digest()
-    return (seed * (nbytes // len(seed) + 1))[:nbytes]
 
 
 def _round_trip(node: Node) -> None:
