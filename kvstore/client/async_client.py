@@ -19,29 +19,23 @@ from typing import Any, TypeVar
 
 import grpc
 import numpy as np
-from grpc_health.v1 import health_pb2_grpc
 
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.auth import open_aio_channel
 from kvstore.client import calls
+from kvstore.client.channel import NodeChannel
 from kvstore.client.common import (
-    DEFAULT_CHUNK_BYTES,
-    DEFAULT_MAX_MESSAGE_BYTES,
-    DEFAULT_TIMEOUT_S,
     Buffer,
     GetAssembler,
     GetResult,
-    channel_options,
     check_blocks,
     copy_into,
     put_result,
     raise_rpc_error,
 )
-from kvstore.client.data_planes import DataPlanes
 from kvstore.dataplane.base import Admission, DataPlaneClient
 from kvstore.dataplane.buffers import as_transfer_buffer
-from kvstore.dataplane.retry import REFUSALS, HandshakeRetry
+from kvstore.dataplane.retry import REFUSALS
 from kvstore.dataplane.shm.client import ShmClient
 from kvstore.keys import Namespace
 from kvstore.results import MatchResult, NamespaceInfo, PutResult, ReserveResult, StoreStats
@@ -49,33 +43,12 @@ from kvstore.results import MatchResult, NamespaceInfo, PutResult, ReserveResult
 T = TypeVar("T")
 
 
-class AsyncClient:
+class AsyncClient(NodeChannel):
     """asyncio client with the same methods and arguments as `Client`, as coroutines."""
 
-    def __init__(
-        self,
-        address: str,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
-        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-        transport: str = "auto",
-        auth_token: str = "",
-        tls_ca: str = "",
-        tls_cert: str = "",
-        tls_key: str = "",
-        dataplane_retry: HandshakeRetry | None = None,
-    ) -> None:
-        self._planes = DataPlanes(transport, address, timeout_s, dataplane_retry)
-        self.address = address
-        self.timeout_s = timeout_s
-        self.chunk_bytes = chunk_bytes
-        self._lock = asyncio.Lock()
-        options = channel_options(max_message_bytes)
-        self._channel = open_aio_channel(address, options, auth_token, tls_ca, tls_cert, tls_key)
-        self._stubs = {
-            "store": pb_grpc.KVStoreStub(self._channel),
-            "health": health_pb2_grpc.HealthStub(self._channel),
-        }
+    open_channel = staticmethod(open_aio_channel)
+    new_lock = staticmethod(asyncio.Lock)
+    _lock: asyncio.Lock
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -97,20 +70,6 @@ class AsyncClient:
             raise_rpc_error(err)
 
     # -- data plane ----------------------------------------------------------------------
-
-    @property
-    def transport(self) -> str:
-        """`Client.transport`."""
-        return self._planes.transport
-
-    @property
-    def dataplane_retry(self) -> HandshakeRetry:
-        return self._planes.retry
-
-    @property
-    def plane(self) -> str:
-        """`Client.plane`: "shm", "ucx", "tcp" or "grpc"."""
-        return self._planes.plane
 
     async def data_plane(self) -> DataPlaneClient | None:
         """`Client.data_plane`: the data-plane connection, made on first use (on a worker

@@ -22,31 +22,25 @@ from typing import Any, TypeVar
 
 import grpc
 import numpy as np
-from grpc_health.v1 import health_pb2_grpc
 
 from kvstore import errors
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.auth import open_channel
 from kvstore.client import calls
+from kvstore.client.channel import NodeChannel
 from kvstore.client.common import (
-    DEFAULT_CHUNK_BYTES,
-    DEFAULT_MAX_MESSAGE_BYTES,
-    DEFAULT_TIMEOUT_S,
     TRANSPORT_CHOICES,
     Buffer,
     GetAssembler,
     GetResult,
-    channel_options,
     check_blocks,
     copy_into,
     put_result,
     raise_rpc_error,
 )
-from kvstore.client.data_planes import DataPlanes
 from kvstore.dataplane.base import Admission, DataPlaneClient
 from kvstore.dataplane.buffers import as_transfer_buffer
-from kvstore.dataplane.retry import REFUSALS, HandshakeRetry
+from kvstore.dataplane.retry import REFUSALS
 from kvstore.dataplane.shm.client import ShmClient
 from kvstore.keys import Namespace
 from kvstore.results import MatchResult, NamespaceInfo, PutResult, ReserveResult, StoreStats
@@ -55,7 +49,7 @@ __all__ = ["TRANSPORT_CHOICES", "Client", "GetResult"]
 T = TypeVar("T")
 
 
-class Client:
+class Client(NodeChannel):
     """Blocking client. Thread-safe; use one per process and close it (or use `with`).
 
     Args:
@@ -76,30 +70,9 @@ class Client:
             it (`kvstore.dataplane.retry`; default: after 1 s, doubling up to 60 s).
     """
 
-    def __init__(
-        self,
-        address: str,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
-        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-        transport: str = "auto",
-        auth_token: str = "",
-        tls_ca: str = "",
-        tls_cert: str = "",
-        tls_key: str = "",
-        dataplane_retry: HandshakeRetry | None = None,
-    ) -> None:
-        self._planes = DataPlanes(transport, address, timeout_s, dataplane_retry)
-        self.address = address
-        self.timeout_s = timeout_s
-        self.chunk_bytes = chunk_bytes
-        self._lock = threading.Lock()
-        options = channel_options(max_message_bytes)
-        self._channel = open_channel(address, options, auth_token, tls_ca, tls_cert, tls_key)
-        self._stubs = {
-            "store": pb_grpc.KVStoreStub(self._channel),
-            "health": health_pb2_grpc.HealthStub(self._channel),
-        }
+    open_channel = staticmethod(open_channel)
+    new_lock = staticmethod(threading.Lock)
+    _lock: threading.Lock
 
     def __enter__(self) -> Client:
         return self
@@ -121,20 +94,6 @@ class Client:
             raise_rpc_error(err)
 
     # -- data plane ----------------------------------------------------------------------
-
-    @property
-    def transport(self) -> str:
-        """The transport asked for; "grpc" once "auto" found no data plane reachable."""
-        return self._planes.transport
-
-    @property
-    def dataplane_retry(self) -> HandshakeRetry:
-        return self._planes.retry
-
-    @property
-    def plane(self) -> str:
-        """The path `get_into`/`put` take now: "shm", "ucx", "tcp" or "grpc"."""
-        return self._planes.plane
 
     def _handshake(self, transport: str, client_address: bytes) -> tuple[bytes, Admission]:
         return self._run(calls.handshake(transport, client_address))
