@@ -319,10 +319,9 @@ class Store:
 
     def _read_ids(self, namespace_id: bytes, caller: Caller) -> tuple[bytes, bytes | None]:
         """(where a read looks first, where next); a namespace the caller has only in the
-        public namespace it reads beneath its own is read there."""
-        own, public = caller.namespaces.read_ids(namespace_id, self._namespaces.__contains__)
-        self._namespaces.get(own)  # UnknownNamespaceError before anything else
-        return own, public
+        public namespace it reads beneath its own is read there. Whether `own` is known is
+        the caller's to check (`_check_keys`, or `Namespaces.get`)."""
+        return caller.namespaces.read_ids(namespace_id, self._namespaces.__contains__)
 
     def _readable(self, namespace_id: bytes, key: bytes, fallback_id: bytes | None) -> Entry | None:
         entry = self._index.readable(namespace_id, key)

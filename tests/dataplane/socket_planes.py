@@ -86,6 +86,27 @@ class Plane:
 # -- a raw socket, as an adversary speaks to a plane -----------------------------------------
 
 
+def corrupted_block_is_refused(node: EmbeddedServer, c: Client) -> None:
+    """A byte flipped in a committed block behind the store's back: the client's get (whole
+    and in parts) checks each block against the CRC32C its reply carries, and reports it
+    missed; the other blocks land. Closes `c`."""
+    keys, data = chain(3, 3), blocks(3, 3)
+    with c:
+        c.put_chain(NS.id, keys, data)
+        with node.store.acquire(NS.id, keys[1:2]) as lease:
+            lease.views[0][100] ^= 0xFF
+        out = [np.zeros(NS.block_bytes, np.uint8) for _ in keys]
+        assert c.get_into(NS.id, keys, out) == (True, False, True)
+        assert (out[0] == data[0]).all() and (out[2] == data[2]).all()
+        dataplane = c.data_plane()
+        assert dataplane is not None and dataplane.checksum_failures == 1
+        parts = [[np.zeros(NS.block_bytes // 4, np.uint8) for _ in keys] for _ in range(4)]
+        got = dataplane.submit_get_parts(NS.id, keys, parts, NS.block_bytes)
+        assert got.result(timeout=10) == (True, False, True)
+        assert dataplane.checksum_failures == 2
+        c.remove(NS.id, keys)
+
+
 def admission(node: EmbeddedServer, transport: str) -> pb.DataPlaneInfoResponse:
     with grpc.insecure_channel(node.address) as channel:
         stub = pb_grpc.KVStoreStub(channel)

@@ -167,21 +167,7 @@ def test_warm_up_pays_a_first_large_calls_region_before_it(node, warmed):
 
 
 def test_corrupted_block_is_never_accepted_by_the_client(node, note_bytes, crewed):
-    keys, blocks = _chain(3, 3), _blocks(3, 3)
-    with _client(node) as client:
-        client.put_chain(NS.id, keys, blocks)
-        lease = node.store.acquire(NS.id, keys[1:2])
-        lease.views[0][100] ^= 0xFF  # flip a byte behind the store's back
-        lease.release()
-        out = [np.zeros(NS.block_bytes, np.uint8) for _ in keys]
-        assert client.get_into(NS.id, keys, out) == (True, False, True)
-        assert (out[0] == blocks[0]).all() and (out[2] == blocks[2]).all()
-        assert client.data_plane().checksum_failures == 1
-        parts = [[np.zeros(NS.block_bytes // 4, np.uint8) for _ in keys] for _ in range(4)]
-        got = client.data_plane().submit_get_parts(NS.id, keys, parts, NS.block_bytes)
-        assert got.result(timeout=10) == (True, False, True)
-        assert client.data_plane().checksum_failures == 2
-        client.remove(NS.id, keys)
+    planes.corrupted_block_is_refused(node, _client(node))
 
 
 def test_region_cannot_be_shrunk_under_the_node():

@@ -57,21 +57,7 @@ def test_a_partly_present_put_stores_the_rest_and_reads_what_it_drops(node):
 
 
 def test_a_corrupted_block_is_never_accepted_by_the_client(node):
-    keys, blocks = _chain(3, 3), _blocks(3, 3)
-    with _client(node) as client:
-        client.put_chain(NS.id, keys, blocks)
-        lease = node.store.acquire(NS.id, keys[1:2])
-        lease.views[0][100] ^= 0xFF  # flip a byte behind the store's back
-        lease.release()
-        out = [np.zeros(NS.block_bytes, np.uint8) for _ in keys]
-        assert client.get_into(NS.id, keys, out) == (True, False, True)
-        assert (out[0] == blocks[0]).all() and (out[2] == blocks[2]).all()
-        assert client.data_plane().checksum_failures == 1
-        parts = [[np.zeros(NS.block_bytes // 4, np.uint8) for _ in keys] for _ in range(4)]
-        got = client.data_plane().submit_get_parts(NS.id, keys, parts, NS.block_bytes)
-        assert got.result(timeout=10) == (True, False, True)
-        assert client.data_plane().checksum_failures == 2
-        client.remove(NS.id, keys)
+    planes.corrupted_block_is_refused(node, _client(node))
 
 
 def test_refused_calls_get_typed_errors_and_the_connection_goes_on(node):

@@ -10,6 +10,7 @@ and that a read returns a key's last committed bytes or nothing.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hypothesis import event
@@ -162,6 +163,23 @@ class StoreModel(RuleBasedStateMachine):
         other = CALLERS[(held.owner + 1) % NUM_OWNERS]
         self._expect(errors.UnknownReservationError, self.store.reservation, rid, other)
         return None
+
+    def _open_or_ended(
+        self, pick: int, owner: int, via: str, on_ended: Callable[[Reservation], object]
+    ) -> tuple[int, Reservation] | None:
+        """(id, object) of the open reservation `pick` names, reached `via`. With none
+        held: `on_ended` checks what an ended one does, or, with none ended either, an id
+        the store never gave is unknown; None then, and where `_reach` reached nothing."""
+        rid = self._held(self.reservations, pick)
+        if rid is None:
+            gone = self._ended_reservation(pick)
+            if gone is None:
+                self._unknown_reservation(owner)
+            else:
+                on_ended(gone)
+            return None
+        res = self._reach(rid, via)
+        return None if res is None else (rid, res)
 
     def _unknown_reservation(self, owner: int) -> None:
         """With nothing held: an id the store never gave is unknown."""

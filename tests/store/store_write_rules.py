@@ -187,18 +187,13 @@ class WriteRules(StoreModel):
     def write(self, pick: int, block_pick: int, mode: str, size: int, via: str) -> None:
         """One chunk into one block: in order, at a wrong offset, past the end, altered, or
         into a block the reservation does not hold (present, in flight, out of range)."""
-        assert self.store is not None
-        rid = self._held(self.reservations, pick)
-        if rid is None:
-            gone = self._ended_reservation(pick)
-            if gone is None:
-                self._unknown_reservation(block_pick)
-            else:
-                self._expect(errors.UnknownReservationError, gone.write, 0, 0, b"x")
+        unknown = errors.UnknownReservationError
+        reached = self._open_or_ended(
+            pick, block_pick, via, lambda gone: self._expect(unknown, gone.write, 0, 0, b"x")
+        )
+        if reached is None:
             return
-        res = self._reach(rid, via)
-        if res is None:
-            return
+        rid, res = reached
         held = self.reservations[rid]
         if mode == "index":
             index = next(i for i in range(-1, MAX_BATCH + 2) if i not in held.blocks)
@@ -242,18 +237,10 @@ class WriteRules(StoreModel):
 
     @rule(pick=picks, index=st.integers(0, MAX_BATCH - 1), offset=st.integers(0, 600), via=vias)
     def rewind(self, pick: int, index: int, offset: int, via: str) -> None:
-        assert self.store is not None
-        rid = self._held(self.reservations, pick)
-        if rid is None:
-            gone = self._ended_reservation(pick)
-            if gone is None:
-                self._unknown_reservation(index)
-            else:
-                gone.rewind(index, offset)  # a no-op
+        reached = self._open_or_ended(pick, index, via, lambda gone: gone.rewind(index, offset))
+        if reached is None:  # an ended one: a no-op
             return
-        res = self._reach(rid, via)
-        if res is None:
-            return
+        rid, res = reached
         res.rewind(index, offset)
         block = self.reservations[rid].blocks.get(index)
         if block is not None and len(block.written) != len(block.intended):
@@ -265,17 +252,11 @@ class WriteRules(StoreModel):
         empty = self.store.reservation(NO_RESERVATION, CALLERS[owner])
         assert (empty.reservation_id, empty.statuses) == (NO_RESERVATION, ())
         assert empty.commit() == 0
-        rid = self._held(self.reservations, pick)
-        if rid is None:
-            gone = self._ended_reservation(pick)
-            if gone is None:
-                self._unknown_reservation(owner)
-            else:
-                self._expect(errors.UnknownReservationError, gone.commit)
-            return
-        res = self._reach(rid, via)
-        if res is not None:
-            self._commit(res, rid, with_checksums)
+        reached = self._open_or_ended(
+            pick, owner, via, lambda gone: self._expect(errors.UnknownReservationError, gone.commit)
+        )
+        if reached is not None:
+            self._commit(reached[1], reached[0], with_checksums)
 
     def _commit(
         self, res: Reservation, rid: int, with_checksums: bool, in_place: bool = False
@@ -316,17 +297,12 @@ class WriteRules(StoreModel):
     def abort(self, pick: int, owner: int, via: str) -> None:
         assert self.store is not None
         self.store.reservation(NO_RESERVATION, CALLERS[owner]).abort()  # a no-op
-        rid = self._held(self.reservations, pick)
-        if rid is None:
-            gone = self._ended_reservation(pick)
-            if gone is None:
-                self._unknown_reservation(owner)
-            else:
-                self._expect(errors.UnknownReservationError, gone.abort)
+        reached = self._open_or_ended(
+            pick, owner, via, lambda gone: self._expect(errors.UnknownReservationError, gone.abort)
+        )
+        if reached is None:
             return
-        res = self._reach(rid, via)
-        if res is None:
-            return
+        rid, res = reached
         caller = CALLERS[self.reservations[rid].owner]
         res.abort()
         self._end(rid)
