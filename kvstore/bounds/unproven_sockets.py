@@ -63,7 +63,8 @@ class UnprovenSockets:
         if victim is not None:
             with contextlib.suppress(OSError):  # its thread wakes and ends
                 victim.shutdown(socket.SHUT_RDWR)
-            log.info("event=%s_shed_socket peer=%s", self.plane, peer)
+            # Debug: a flood sheds thousands a second; `kvstore_shed_sockets` counts them.
+            log.debug("event=%s_shed_socket peer=%s", self.plane, peer)
         return True
 
     def prove(self, sock: socket.socket) -> bool:

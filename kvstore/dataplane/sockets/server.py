@@ -165,9 +165,14 @@ class SocketServer(DataPlaneServer):
             sock.settimeout(self.settings.hello_timeout_s)
             self._session(sock, claimed)
         except (OSError, ConnectionError, errors.KVStoreError) as exc:
-            # The peer went, fell silent, sent a message past the limit or a bad hello.
-            client = claimed[0].client_id if claimed else "-"
-            log.info("event=%s_disconnect client=%s reason=%s", self.plane, client, exc)
+            # The peer went, fell silent, sent a message past the limit or a bad hello. A
+            # socket that claimed nothing logs at debug: a flood of them would fill the log.
+            if claimed:
+                log.info(
+                    "event=%s_disconnect client=%d reason=%s", self.plane, claimed[0].client_id, exc
+                )
+            else:
+                log.debug("event=%s_disconnect client=- reason=%s", self.plane, exc)
         except Exception:
             log.exception("event=%s_error", self.plane)
         finally:
