@@ -13,9 +13,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from kvstore.keys import KEY_BYTES
+from kvstore.store.inventory import Inventory
 from kvstore.store.tiers.base import Slot
 
 BLOCK_ID_BYTES = 2 * KEY_BYTES
+# Blocks are grouped in runs of this many along their chain, each group named by its first
+# key (`Entry.group`): a mirror of the index keeps a group together (one Redis Cluster slot)
+# and a chain's lookup reads one group per run. Every node of a cluster uses this value.
+CHAIN_GROUP_BLOCKS = 32
 
 
 def block_id(namespace_id: bytes, key: bytes) -> bytes:
@@ -57,6 +62,8 @@ class Entry:
     is_demoting: bool = False  # being written to SSD outside the lock; out of the DRAM policy
     num_hits: int = 0  # reads since commit, in any tier
     hbm_slot: Slot | None = None  # device copy of the DRAM block (HBM is inclusive of DRAM)
+    depth: int = -1  # its place in its chain (a root is 0); -1 where a link is unknown
+    group: bytes | None = None  # first key of its run of CHAIN_GROUP_BLOCKS; None: unknown
     block_id: bytes = field(init=False)  # namespace_id + key: what index and policies use
     parent_id: bytes | None = field(init=False)  # the parent's block id
 
@@ -81,11 +88,13 @@ class Entry:
 
 
 class BlockIndex:
-    """All entries of one store node, reserved and committed, by block id."""
+    """All entries of one store node, reserved and committed, by block id. With an
+    `inventory`, every change a mirror of the node's blocks must see is noted there."""
 
     def __init__(self) -> None:
         self._entries: dict[bytes, Entry] = {}
         self._num_children: dict[bytes, int] = {}  # block id -> entries naming it as parent
+        self.inventory: Inventory | None = None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -102,11 +111,13 @@ class BlockIndex:
     def add(self, entry: Entry) -> None:
         assert entry.block_id not in self._entries, "block already indexed"
         self._entries[entry.block_id] = entry
+        self._link(entry, None if entry.parent_id is None else self._entries.get(entry.parent_id))
         if entry.parent_id is not None:
             self._num_children[entry.parent_id] = self._num_children.get(entry.parent_id, 0) + 1
 
     def pop(self, bid: bytes) -> Entry:
         entry = self._entries.pop(bid)
+        self.note(entry)
         if entry.parent_id is not None:
             num_left = self._num_children[entry.parent_id] - 1
             if num_left:
@@ -114,6 +125,36 @@ class BlockIndex:
             else:
                 del self._num_children[entry.parent_id]
         return entry
+
+    def note(self, entry: Entry) -> None:
+        """`entry` was committed, dropped or moved between DRAM and SSD."""
+        if self.inventory is not None:
+            self.inventory.note(entry)
+
+    def link_depths(self) -> None:
+        """Places every entry whose parent was indexed after it in its chain (recovery adds
+        blocks in commit order, and a call's blocks commit together)."""
+        for entry in self._entries.values():
+            path: list[Entry] = []  # entries not placed yet, walking up
+            node: Entry | None = entry
+            while node is not None and node.depth < 0 and node.parent_id is not None:
+                path.append(node)
+                node = self._entries.get(node.parent_id)
+            if node is not None and node.depth < 0:  # a root not placed yet
+                self._link(node, None)
+            for below in reversed(path):
+                self._link(below, node)
+                node = below
+
+    def _link(self, entry: Entry, parent: Entry | None) -> None:
+        """Places `entry` under `parent` (None: a root, or a parent not indexed)."""
+        if entry.parent_id is None:
+            entry.depth, entry.group = 0, entry.key
+        elif parent is None or parent.depth < 0:
+            entry.depth, entry.group = -1, None
+        else:
+            entry.depth = parent.depth + 1
+            entry.group = entry.key if entry.depth % CHAIN_GROUP_BLOCKS == 0 else parent.group
 
     def is_named_parent(self, bid: bytes) -> bool:
         """Whether an indexed entry names block `bid` as its parent (present or not)."""

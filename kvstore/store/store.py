@@ -32,6 +32,7 @@ from kvstore.store.caller import LOCAL, Caller
 from kvstore.store.config import StoreConfig
 from kvstore.store.counters import Counters
 from kvstore.store.index import BlockIndex, BlockState, Entry, block_id
+from kvstore.store.inventory import DEFAULT_MAX_IDS, Holding, Inventory
 from kvstore.store.leases import Lease, Leases
 from kvstore.store.namespaces import Namespaces
 from kvstore.store.reservations import Reservation, Reservations
@@ -237,6 +238,38 @@ class Store:
             if reservation_id == NO_RESERVATION:
                 return self._reservations.none((), caller.owner)
             return self._reservations.owned(reservation_id, caller.owner)
+
+    # -- inventory: what a mirror of the node's blocks reads (kvstore.cluster) -----------
+
+    def watch_inventory(self, max_changes: int = DEFAULT_MAX_IDS) -> None:
+        """Notes every change of what the node holds from now on (`inventory_changes`)."""
+        with self._lock:
+            self._index.inventory = Inventory(max_changes)
+
+    def inventory_changes(self) -> tuple[list[Holding], bool]:
+        """What changed since the last call, as held now, and whether changes were
+        forgotten (past `max_changes`: then read every block with `held_ids`)."""
+        with self._lock:
+            assert self._index.inventory is not None, "watch_inventory first"
+            entries, overflowed = self._index.inventory.take()
+            return [self._holding(e) for e in entries], overflowed
+
+    def held_ids(self) -> list[bytes]:
+        """The block ids the node holds now (to read in slices with `holdings`)."""
+        with self._lock:
+            return [e.block_id for e in self._index if e.is_readable]
+
+    def holdings(self, block_ids: Sequence[bytes]) -> list[Holding]:
+        """What the node holds of each of `block_ids` now (those it holds no longer are
+        left out)."""
+        with self._lock:
+            entries = (self._index.get(bid) for bid in block_ids)
+            return [self._holding(e) for e in entries if e is not None and e.is_readable]
+
+    def _holding(self, entry: Entry) -> Holding:
+        held = entry.is_readable and self._index.get(entry.block_id) is entry
+        tier = None if not held else "ssd" if entry.slot is None else "dram"
+        return Holding(entry.namespace_id, entry.key, entry.group, tier)
 
     # -- housekeeping --------------------------------------------------------------------
 

@@ -101,6 +101,7 @@ class DramSpace:
         self.policy.remove(entry.block_id)
         self._slots.release(entry, entry.slot)
         entry.slot = None
+        self.index.note(entry)  # now on SSD only, or gone
 
     def end_lease(self, entry: Entry) -> None:
         """Ends one lease (or pin) of `entry`, in every memory tier: the one release path."""

@@ -43,6 +43,7 @@ class Promotion:
             return None
         if slot is not None:
             entry.slot = slot
+            self.dram.index.note(entry)
             self.space.add_dram_copy(entry)
             self.dram.policy.insert(entry.block_id, entry.parent_id, moved=True)
             self.counters.promotions += 1

@@ -152,6 +152,7 @@ class Tiering:
         for entry in entries:
             self._seq += 1
             entry.seq = self._seq
+            self.index.note(entry)
             self.dram_policy.insert(entry.block_id, entry.parent_id)
             self.counters.tiers["dram"].bytes_written += entry.nbytes
         if self._is_dram_high():
@@ -263,6 +264,7 @@ class Tiering:
         if self._ssd_space is None:
             return 0
         recovered = recover_index(self.index, self._ssd_space)
+        self.index.link_depths()
         self._seq = recovered.last_seq
         self.counters.checksum_failures += recovered.num_bad
         return recovered.num_blocks
