@@ -16,9 +16,15 @@ demo: $(BIN)/.installed
 
 # KVSTORE_REQUIRE_EXTRAS: a test whose extra (ucxx, torch, safetensors, matplotlib) is missing
 # fails instead of skipping, as the vLLM tests do under test-vllm.
-test: $(BIN)/.installed lint docs
+test: $(BIN)/.installed lint docs redis
 	KVSTORE_REQUIRE_EXTRAS=1 $(BIN)/pytest -q
 	$(MAKE) test-vllm
+
+# The cluster tests start their own Redis and Redis Cluster servers (Debian's redis-server).
+.PHONY: redis
+redis:
+	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null || \
+		(apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server)
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff format --check .
