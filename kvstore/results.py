@@ -87,3 +87,48 @@ class StoreStats(NamedTuple):
     @property
     def used_bytes(self) -> int:
         return sum(t.used_bytes for t in self.tiers)
+
+
+class PoolNode(NamedTuple):
+    """A node of the global pool: its id, where it listens ("grpc": HOST:PORT) and its
+    capacity by tier."""
+
+    node_id: str
+    addresses: dict[str, str]
+    capacity: dict[str, int]
+
+
+class Located(NamedTuple):
+    """Where the longest prefix of a chain that some live node holds lives in the pool:
+    for each block, its holders as (index into `nodes`, tier), the fastest tier first.
+    `degraded`: the pool's index could not be read, so only the asked node's own blocks."""
+
+    nodes: tuple[PoolNode, ...]
+    blocks: tuple[tuple[tuple[int, str], ...], ...]
+    degraded: bool = False
+
+    @property
+    def num_located(self) -> int:
+        return len(self.blocks)
+
+    @classmethod
+    def on_one_node(cls, match: MatchResult, node: PoolNode, degraded: bool = False) -> Located:
+        """One node's own prefix of a chain as a location (a node id of "" is the node
+        that was asked)."""
+        blocks = tuple(((0, "dram" if tier == "hbm" else tier),) for tier in match.tiers)
+        return cls((node,), blocks, degraded)
+
+
+class PoolReport(NamedTuple):
+    """The pool as one node sees it (`kvstore stats --cluster`)."""
+
+    in_pool: bool  # False: a node alone
+    node_id: str = ""
+    generation: str = ""
+    redis_ok: bool = False
+    fenced: bool = False
+    members: tuple[PoolNode, ...] = ()
+    num_published: int = 0  # blocks filed in the index since start
+    num_pending: int = 0  # blocks still to file again (a rebuild or sweep under way)
+    last_error: str = ""
+    rebuild_seconds: float = 0.0  # how long the last full republish took

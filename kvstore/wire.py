@@ -10,7 +10,16 @@ from collections.abc import Iterator, Sequence
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.keys import KVLayout, Namespace
 from kvstore.limits import LAYOUT_FIELDS, NamespaceLimits
-from kvstore.results import MatchResult, PutStatus, ReserveResult, StoreStats, TierUsage
+from kvstore.results import (
+    Located,
+    MatchResult,
+    PoolNode,
+    PoolReport,
+    PutStatus,
+    ReserveResult,
+    StoreStats,
+    TierUsage,
+)
 
 SERVICE_NAME = "kvstore.v1.KVStore"
 TIER_TO_PB = {"hbm": pb.TIER_HBM, "dram": pb.TIER_DRAM, "ssd": pb.TIER_SSD}
@@ -105,3 +114,48 @@ def stats_to_pb(stats: StoreStats) -> pb.StatsResponse:
 def stats_from_pb(msg: pb.StatsResponse) -> StoreStats:
     fields = {name: getattr(msg, name) for name in StoreStats._fields if name != "tiers"}
     return StoreStats(**fields, tiers=tuple(_tier_from_pb(t) for t in msg.tiers))
+
+
+def pool_node_to_pb(node: PoolNode) -> pb.PoolNode:
+    return pb.PoolNode(node_id=node.node_id, addresses=node.addresses, capacity=node.capacity)
+
+
+def pool_node_from_pb(msg: pb.PoolNode) -> PoolNode:
+    return PoolNode(msg.node_id, dict(msg.addresses), dict(msg.capacity))
+
+
+def located_to_pb(located: Located) -> pb.LocateResponse:
+    blocks = [
+        pb.BlockHolders(nodes=[n for n, _ in holders], tiers=[TIER_TO_PB[t] for _, t in holders])
+        for holders in located.blocks
+    ]
+    nodes = [pool_node_to_pb(n) for n in located.nodes]
+    return pb.LocateResponse(nodes=nodes, blocks=blocks, degraded=located.degraded)
+
+
+def located_from_pb(msg: pb.LocateResponse) -> Located:
+    """What a node answered; a holder naming no node or no tier is left out, and the prefix
+    ends at the first block left with none."""
+    nodes = tuple(pool_node_from_pb(n) for n in msg.nodes)
+    blocks = []
+    for block in msg.blocks:
+        pairs = zip(block.nodes, block.tiers, strict=False)
+        holders = tuple(
+            (n, TIER_FROM_PB[t]) for n, t in pairs if n < len(nodes) and t in TIER_FROM_PB
+        )
+        if not holders:
+            break
+        blocks.append(holders)
+    return Located(nodes, tuple(blocks), msg.degraded)
+
+
+def pool_report_to_pb(report: PoolReport) -> pb.PoolStatusResponse:
+    fields = report._asdict()
+    fields["members"] = [pool_node_to_pb(m) for m in report.members]
+    return pb.PoolStatusResponse(**fields)
+
+
+def pool_report_from_pb(msg: pb.PoolStatusResponse) -> PoolReport:
+    members = tuple(pool_node_from_pb(m) for m in msg.members)
+    fields = {f: getattr(msg, f) for f in PoolReport._fields if f != "members"}
+    return PoolReport(**fields, members=members)

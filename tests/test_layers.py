@@ -1,7 +1,8 @@
 """The one-way layers of the source tree, read from its imports.
 
     vocabulary (keys, errors, results, checksum, wire, config, limits, auth, ...)
-      <- store core (kvstore.store) <- tenancy <- node (kvstore.node, the data-plane servers)
+      <- store core (kvstore.store) <- tenancy, the pool (kvstore.cluster)
+      <- node (kvstore.node, the data-plane servers)
       <- client side (kvstore.client, the data-plane clients)
 
 Two checks: the static one reads every import of every module (those under
@@ -62,9 +63,11 @@ VOCABULARY = (
 )
 STORE = ("kvstore.store",)
 TENANCY = ("kvstore.tenancy",)  # beneath the node and the data-plane servers, which share it
+POOL = ("kvstore.cluster",)  # beneath the node: only nodes talk to Redis
 NODE_ONLY = (
     "kvstore.store",
     "kvstore.tenancy",
+    "kvstore.cluster",
     "kvstore.node",
     "kvstore.dataplane.servers",
     "kvstore.dataplane.shm.server",
@@ -126,6 +129,7 @@ def test_the_graph_reads_every_module():
             STORE,
             (
                 "kvstore.tenancy",
+                "kvstore.cluster",
                 "kvstore.node",
                 "kvstore.dataplane",
                 "kvstore.client",
@@ -133,9 +137,10 @@ def test_the_graph_reads_every_module():
             ),
         ),
         (TENANCY, ("kvstore.node", "kvstore.dataplane", "kvstore.client", "kvstore.conductor")),
+        (POOL, ("kvstore.node", "kvstore.dataplane", "kvstore.client", "kvstore.conductor")),
         (CLIENT_SIDE, (*NODE_ONLY, "kvstore.conductor", "gpu_engine")),
     ],
-    ids=["vocabulary", "store", "tenancy", "client"],
+    ids=["vocabulary", "store", "tenancy", "pool", "client"],
 )
 def test_each_layer_imports_only_what_is_beneath_it(layer, may_not_import):
     wrong = sorted(

@@ -271,6 +271,84 @@ class DataPlaneInfoResponse(_message.Message):
     connection_secret: bytes
     def __init__(self, transport: _Optional[str] = ..., server_address: _Optional[bytes] = ..., client_id: _Optional[int] = ..., connection_secret: _Optional[bytes] = ...) -> None: ...
 
+class LocateRequest(_message.Message):
+    __slots__ = ("namespace_id", "keys")
+    NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    namespace_id: bytes
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, namespace_id: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class PoolNode(_message.Message):
+    __slots__ = ("node_id", "addresses", "capacity")
+    class AddressesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class CapacityEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    addresses: _containers.ScalarMap[str, str]
+    capacity: _containers.ScalarMap[str, int]
+    def __init__(self, node_id: _Optional[str] = ..., addresses: _Optional[_Mapping[str, str]] = ..., capacity: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class BlockHolders(_message.Message):
+    __slots__ = ("nodes", "tiers")
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedScalarFieldContainer[int]
+    tiers: _containers.RepeatedScalarFieldContainer[Tier]
+    def __init__(self, nodes: _Optional[_Iterable[int]] = ..., tiers: _Optional[_Iterable[_Union[Tier, str]]] = ...) -> None: ...
+
+class LocateResponse(_message.Message):
+    __slots__ = ("nodes", "blocks", "degraded")
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    DEGRADED_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[PoolNode]
+    blocks: _containers.RepeatedCompositeFieldContainer[BlockHolders]
+    degraded: bool
+    def __init__(self, nodes: _Optional[_Iterable[_Union[PoolNode, _Mapping]]] = ..., blocks: _Optional[_Iterable[_Union[BlockHolders, _Mapping]]] = ..., degraded: _Optional[bool] = ...) -> None: ...
+
+class PoolStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PoolStatusResponse(_message.Message):
+    __slots__ = ("in_pool", "node_id", "generation", "redis_ok", "fenced", "members", "num_published", "num_pending", "last_error", "rebuild_seconds")
+    IN_POOL_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    REDIS_OK_FIELD_NUMBER: _ClassVar[int]
+    FENCED_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    NUM_PUBLISHED_FIELD_NUMBER: _ClassVar[int]
+    NUM_PENDING_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    REBUILD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    in_pool: bool
+    node_id: str
+    generation: str
+    redis_ok: bool
+    fenced: bool
+    members: _containers.RepeatedCompositeFieldContainer[PoolNode]
+    num_published: int
+    num_pending: int
+    last_error: str
+    rebuild_seconds: float
+    def __init__(self, in_pool: _Optional[bool] = ..., node_id: _Optional[str] = ..., generation: _Optional[str] = ..., redis_ok: _Optional[bool] = ..., fenced: _Optional[bool] = ..., members: _Optional[_Iterable[_Union[PoolNode, _Mapping]]] = ..., num_published: _Optional[int] = ..., num_pending: _Optional[int] = ..., last_error: _Optional[str] = ..., rebuild_seconds: _Optional[float] = ...) -> None: ...
+
 class GenerateRequest(_message.Message):
     __slots__ = ("prompt_token_ids", "max_tokens", "temperature", "seed", "stop_token_ids", "return_logits", "num_published_tokens", "prefetch")
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]

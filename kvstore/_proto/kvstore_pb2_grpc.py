@@ -5,7 +5,7 @@ import warnings
 
 from kvstore._proto import kvstore_pb2 as kvstore_dot___proto_dot_kvstore__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.85.4'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -84,6 +84,16 @@ class KVStoreStub:
                 request_serializer=kvstore_dot___proto_dot_kvstore__pb2.DataPlaneInfoRequest.SerializeToString,
                 response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.DataPlaneInfoResponse.FromString,
                 _registered_method=True)
+        self.Locate = channel.unary_unary(
+                '/kvstore.v1.KVStore/Locate',
+                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.LocateRequest.SerializeToString,
+                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.LocateResponse.FromString,
+                _registered_method=True)
+        self.PoolStatus = channel.unary_unary(
+                '/kvstore.v1.KVStore/PoolStatus',
+                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.PoolStatusRequest.SerializeToString,
+                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.PoolStatusResponse.FromString,
+                _registered_method=True)
 
 
 class KVStoreServicer:
@@ -158,6 +168,22 @@ class KVStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Locate(self, request, context):
+        """Which nodes of the pool hold each block of the longest prefix of a chain that some
+        live node holds (a node alone, or one whose index cannot be read: this node's own,
+        with `degraded` set). Changes nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PoolStatus(self, request, context):
+        """The pool as this node sees it: its members and its part in the index.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -210,6 +236,16 @@ def add_KVStoreServicer_to_server(servicer, server):
                     servicer.DataPlaneInfo,
                     request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.DataPlaneInfoRequest.FromString,
                     response_serializer=kvstore_dot___proto_dot_kvstore__pb2.DataPlaneInfoResponse.SerializeToString,
+            ),
+            'Locate': grpc.unary_unary_rpc_method_handler(
+                    servicer.Locate,
+                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.LocateRequest.FromString,
+                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.LocateResponse.SerializeToString,
+            ),
+            'PoolStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.PoolStatus,
+                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.PoolStatusRequest.FromString,
+                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.PoolStatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -482,6 +518,60 @@ class KVStore:
             '/kvstore.v1.KVStore/DataPlaneInfo',
             kvstore_dot___proto_dot_kvstore__pb2.DataPlaneInfoRequest.SerializeToString,
             kvstore_dot___proto_dot_kvstore__pb2.DataPlaneInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Locate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.KVStore/Locate',
+            kvstore_dot___proto_dot_kvstore__pb2.LocateRequest.SerializeToString,
+            kvstore_dot___proto_dot_kvstore__pb2.LocateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PoolStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.KVStore/PoolStatus',
+            kvstore_dot___proto_dot_kvstore__pb2.PoolStatusRequest.SerializeToString,
+            kvstore_dot___proto_dot_kvstore__pb2.PoolStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,

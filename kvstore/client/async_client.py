@@ -38,7 +38,15 @@ from kvstore.dataplane.buffers import as_transfer_buffer
 from kvstore.dataplane.retry import REFUSALS
 from kvstore.dataplane.shm.client import ShmClient
 from kvstore.keys import Namespace
-from kvstore.results import MatchResult, NamespaceInfo, PutResult, ReserveResult, StoreStats
+from kvstore.results import (
+    Located,
+    MatchResult,
+    NamespaceInfo,
+    PoolReport,
+    PutResult,
+    ReserveResult,
+    StoreStats,
+)
 
 T = TypeVar("T")
 
@@ -197,3 +205,9 @@ class AsyncClient(NodeChannel):
 
     async def stats(self) -> StoreStats:
         return await self._run(calls.stats())
+
+    async def locate(self, namespace_id: bytes, keys: Sequence[bytes]) -> Located:
+        return await self._run(calls.locate(namespace_id, keys))
+
+    async def pool_status(self) -> PoolReport:
+        return await self._run(calls.pool_status())

@@ -21,8 +21,10 @@ from kvstore.dataplane.base import Admission
 from kvstore.keys import Namespace
 from kvstore.results import (
     NO_RESERVATION,
+    Located,
     MatchResult,
     NamespaceInfo,
+    PoolReport,
     PutResult,
     ReserveResult,
     StoreStats,
@@ -103,6 +105,15 @@ def abort(reservation_id: int) -> Call[None] | None:
 def remove(namespace_id: bytes, keys: Sequence[bytes]) -> Call[int]:
     request = pb.RemoveRequest(namespace_id=namespace_id, keys=keys)
     return Call("store", "Remove", request, lambda reply: reply.num_removed)
+
+
+def locate(namespace_id: bytes, keys: Sequence[bytes]) -> Call[Located]:
+    request = pb.LocateRequest(namespace_id=namespace_id, keys=keys)
+    return Call("store", "Locate", request, wire.located_from_pb)
+
+
+def pool_status() -> Call[PoolReport]:
+    return Call("store", "PoolStatus", pb.PoolStatusRequest(), wire.pool_report_from_pb)
 
 
 def stats() -> Call[StoreStats]:

@@ -43,7 +43,15 @@ from kvstore.dataplane.buffers import as_transfer_buffer
 from kvstore.dataplane.retry import REFUSALS
 from kvstore.dataplane.shm.client import ShmClient
 from kvstore.keys import Namespace
-from kvstore.results import MatchResult, NamespaceInfo, PutResult, ReserveResult, StoreStats
+from kvstore.results import (
+    Located,
+    MatchResult,
+    NamespaceInfo,
+    PoolReport,
+    PutResult,
+    ReserveResult,
+    StoreStats,
+)
 
 __all__ = ["TRANSPORT_CHOICES", "Client", "GetResult"]
 T = TypeVar("T")
@@ -235,3 +243,12 @@ class Client(NodeChannel):
 
     def stats(self) -> StoreStats:
         return self._run(calls.stats())
+
+    def locate(self, namespace_id: bytes, keys: Sequence[bytes]) -> Located:
+        """Which nodes of the pool hold each block of the longest prefix of `keys` that some
+        live node holds (a node alone answers its own)."""
+        return self._run(calls.locate(namespace_id, keys))
+
+    def pool_status(self) -> PoolReport:
+        """The pool as this node sees it."""
+        return self._run(calls.pool_status())

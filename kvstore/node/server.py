@@ -24,6 +24,8 @@ from prometheus_client import CollectorRegistry
 from kvstore import grpc_service, wire
 from kvstore.auth import Authenticator, ListenerSecurity, add_port, check_listener, read_tokens
 from kvstore.bounds import BoundsCollector, StreamSettings, StreamSlots
+from kvstore.cluster.pool import Pool, advertised_host
+from kvstore.cluster.settings import PoolSettings
 from kvstore.config import option, parse_bytes, table
 from kvstore.dataplane.base import DataPlaneServer
 from kvstore.errors import InvalidArgumentError
@@ -39,10 +41,12 @@ log = logging.getLogger("kvstore.node.server")
 @dataclass(frozen=True)
 class ServerConfig:
     """Where and how the gRPC service listens; `security`: who may call; `tenancy`: what
-    tenants may see and hold; `streams`: how many response streams stay open."""
+    tenants may see and hold; `streams`: how many response streams stay open; `pool`: the
+    global pool the node takes part in, if any."""
 
     security: ListenerSecurity = table(ListenerSecurity)
     tenancy: TenancySettings = table(TenancySettings)
+    pool: PoolSettings = table(PoolSettings)
     # A stalled Get stream holds about 3.5 x chunk_bytes (its message, serialized, and the
     # transport's copy): about 56 MiB per client and 224 MiB in all with these defaults.
     streams: StreamSettings = table(StreamSettings, max_streams_per_client=16, max_streams=64)
@@ -205,15 +209,17 @@ async def start_server(
     tenants: Tenants | None = None,
     streams: StreamSlots | None = None,
     auth: Authenticator | None = None,
+    pool: Pool | None = None,
 ) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
     """Starts the service for `store` (its `tenants`: none by default; `streams`: the slots of
     its response streams, from `config` by default; `auth`: the tokens read as the node
-    started, read here if not); returns the server, its health servicer and port."""
+    started, read here if not; `pool`: the global pool it answers lookups from, joined
+    once the port is known); returns the server, its health servicer and port."""
     server = grpc.aio.server(options=config.grpc_options)
     auth = auth or read_tokens(config.security)
     if streams is None:
         streams = StreamSlots(config.streams.limits, "kvstore")
-    servicer = KVStoreServicer(store, config.chunk_bytes, dataplanes or {}, tenants, auth)
+    servicer = KVStoreServicer(store, config.chunk_bytes, dataplanes or {}, tenants, auth, pool)
     # Malformed requests: INVALID_ARGUMENT; without a known token: UNAUTHENTICATED.
     grpc_service.register(server, servicer, metrics=metrics, auth=auth, streams=streams)
     health_servicer = health.aio.HealthServicer()
@@ -223,6 +229,9 @@ async def start_server(
     grpc_service.register(server, health_servicer, health_service, health_pb2, streams=streams)
     port = add_port(server, config.address, config.security)
     await server.start()
+    if pool is not None:
+        address = f"{advertised_host(config.pool, config.host)}:{port}"
+        await asyncio.to_thread(pool.start, {"grpc": address})
     for service in ("", wire.SERVICE_NAME):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
     return server, health_servicer, port
@@ -236,12 +245,25 @@ def make_store(
 ) -> tuple[Store, Tenants]:
     """The node's store, with the quotas of its tenants, and its tenants (closing the store
     if they are refused: quotas over a tier, a role without a token)."""
+    if config.pool.cluster and auth.table is not None and not config.tenancy.tenant_secret_file:
+        raise InvalidArgumentError(
+            "--cluster with --auth-token-file needs --tenant-secret-file: every node of the "
+            "pool must derive the same namespace ids"
+        )
     store = Store(store_config, clock=clock, quotas=load_quotas(config.tenancy, auth))
     try:
         return store, make_tenants(config.tenancy, store, auth)
     except BaseException:
         store.close()
         raise
+
+
+def make_pool(store: Store, config: ServerConfig) -> Pool | None:
+    """The node's part in the global pool `config.pool.cluster` (None: a node alone)."""
+    if not config.pool.cluster:
+        return None
+    capacity = {"dram": store.config.dram_bytes, "ssd": store.config.ssd_bytes}
+    return Pool(store, config.pool, capacity)
 
 
 async def serve(store_config: StoreConfig, config: ServerConfig) -> None:
@@ -255,7 +277,10 @@ async def serve(store_config: StoreConfig, config: ServerConfig) -> None:
     call_metrics = metrics[0] if metrics else None
     dataplanes = make_dataplanes(store, config, call_metrics, tenants)
     _watch_sockets(bounds, dataplanes)
-    started = await start_server(store, config, dataplanes, call_metrics, tenants, streams, auth)
+    pool = make_pool(store, config)
+    started = await start_server(
+        store, config, dataplanes, call_metrics, tenants, streams, auth, pool
+    )
     server, health_servicer, port = started
     log.info(
         "event=serving address=%s:%d dram_bytes=%d policy=%s",
@@ -272,6 +297,8 @@ async def serve(store_config: StoreConfig, config: ServerConfig) -> None:
     await stop.wait()
     log.info("event=draining grace_s=%s", config.grace_s)
     await health_servicer.enter_graceful_shutdown()
+    if pool is not None:
+        await asyncio.to_thread(pool.stop)  # out of the pool first: readers go elsewhere
     await server.stop(config.grace_s)
     for dataplane in dataplanes.values():
         dataplane.stop()
@@ -310,6 +337,7 @@ class EmbeddedServer:
         self.dataplanes: dict[str, DataPlaneServer] = {}  # by transport, while started
         self._metrics: tuple[CallMetrics, MetricsExporter] | None = None
         self.streams = StreamSlots(self.config.streams.limits, "kvstore")
+        self.pool: Pool | None = None  # while started, in a pool
         self.port = 0
 
     @property
@@ -328,6 +356,7 @@ class EmbeddedServer:
         call_metrics = self._metrics[0] if self._metrics else None
         self.dataplanes = make_dataplanes(self.store, self.config, call_metrics, self.tenants)
         _watch_sockets(bounds, self.dataplanes)
+        self.pool = make_pool(self.store, self.config)
         started = asyncio.run_coroutine_threadsafe(
             start_server(
                 self.store,
@@ -337,6 +366,7 @@ class EmbeddedServer:
                 self.tenants,
                 self.streams,
                 self.auth,
+                self.pool,
             ),
             self._loop,
         )
@@ -344,6 +374,9 @@ class EmbeddedServer:
         return self
 
     def stop(self) -> None:
+        if self.pool is not None:
+            self.pool.stop()
+            self.pool = None
         if self._server is not None:
             asyncio.run_coroutine_threadsafe(self._server.stop(None), self._loop).result()
             self._server = None

@@ -19,8 +19,10 @@ from kvstore import grpc_service, wire
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.auth import Authenticator
+from kvstore.cluster.pool import Pool
 from kvstore.dataplane.base import DataPlaneServer
 from kvstore.errors import KVStoreError, UnavailableError
+from kvstore.results import Located, PoolNode, PoolReport
 from kvstore.store import Store
 from kvstore.store.caller import Caller
 from kvstore.tenancy import Tenants
@@ -55,8 +57,10 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         dataplanes: Mapping[str, DataPlaneServer] | None = None,
         tenants: Tenants | None = None,
         auth: Authenticator | None = None,
+        pool: Pool | None = None,
     ) -> None:
         self.store = store
+        self.pool = pool  # None: a node alone
         self.chunk_bytes = chunk_bytes
         self.dataplanes = dict(dataplanes or {})  # by transport name
         self.tenants = tenants or Tenants(None)
@@ -170,3 +174,21 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             client_id=admission.client_id,
             connection_secret=admission.secret,
         )
+
+    @_unary
+    async def Locate(self, request, context):
+        keys, caller = list(request.keys), self._caller(context)
+        own, _ = self.store.internal_ids(request.namespace_id, keys, caller)
+        if self.pool is None:  # a node alone: its own blocks are the pool's
+            match = self.store.match(request.namespace_id, keys, caller)
+            return wire.located_to_pb(Located.on_one_node(match, PoolNode("", {}, {})))
+        # A lookup in Redis waits on the network: keep the loop free meanwhile.
+        located = await asyncio.to_thread(self.pool.locate, own, keys)
+        if located is None:
+            located = self.pool.alone(self.store.match(request.namespace_id, keys, caller))
+        return wire.located_to_pb(located)
+
+    @_unary
+    async def PoolStatus(self, request, context):
+        report = PoolReport(in_pool=False) if self.pool is None else self.pool.report()
+        return wire.pool_report_to_pb(report)

@@ -94,7 +94,7 @@ class BlockIndex:
     def __init__(self) -> None:
         self._entries: dict[bytes, Entry] = {}
         self._num_children: dict[bytes, int] = {}  # block id -> entries naming it as parent
-        self.inventory: Inventory | None = None
+        self.inventory: Inventory[Entry] | None = None
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -12,10 +12,17 @@ store's lock.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Generic, Protocol, TypeVar
 
-if TYPE_CHECKING:
-    from kvstore.store.index import Entry
+
+class Noted(Protocol):
+    """What the inventory notes: a block's index entry (`kvstore.store.index.Entry`)."""
+
+    @property
+    def block_id(self) -> bytes: ...
+
+
+E = TypeVar("E", bound=Noted)
 
 DEFAULT_MAX_IDS = 1 << 20  # entries held at most while the consumer cannot keep up
 
@@ -30,19 +37,19 @@ class Holding:
     tier: str | None  # "dram" (with or without an HBM copy) or "ssd"; None: not held
 
 
-class Inventory:
-    """Block ids changed since the last `take`."""
+class Inventory(Generic[E]):
+    """The entries changed since the last `take`, by block id."""
 
     def __init__(self, max_ids: int = DEFAULT_MAX_IDS) -> None:
         assert max_ids >= 1
         self.max_ids = max_ids
-        self._changed: dict[bytes, Entry] = {}  # block id -> its latest entry
+        self._changed: dict[bytes, E] = {}  # block id -> its latest entry
         self._overflowed = False
 
     def __len__(self) -> int:
         return len(self._changed)
 
-    def note(self, entry: Entry) -> None:
+    def note(self, entry: E) -> None:
         """`entry` was committed, dropped, or moved between DRAM and SSD (a dropped entry is
         kept here: what its mirror must delete is named by it)."""
         if self._overflowed:
@@ -52,7 +59,7 @@ class Inventory:
             self._changed.clear()
             self._overflowed = True
 
-    def take(self) -> tuple[list[Entry], bool]:
+    def take(self) -> tuple[list[E], bool]:
         """The entries changed since the last call, and whether some were forgotten (then
         the consumer must look at every block); starts over."""
         changed, overflowed = list(self._changed.values()), self._overflowed

@@ -136,6 +136,17 @@ class Store:
                 hits.append(entry)
             return MatchResult(len(hits), tuple(e.tier for e in hits))
 
+    def internal_ids(
+        self, namespace_id: bytes, keys: Sequence[bytes], caller: Caller = LOCAL
+    ) -> tuple[bytes, bytes | None]:
+        """The store's own ids a read of `keys` in the caller's `namespace_id` looks in (its
+        own namespace, then the public one it reads beneath, or None), after the checks a
+        read makes; for a mirror of the index that files blocks by those ids."""
+        with self._lock:
+            own, fallback = self._read_ids(namespace_id, caller)
+            self._check_keys(own, keys)
+            return own, fallback
+
     def acquire(
         self,
         namespace_id: bytes,
@@ -244,7 +255,7 @@ class Store:
     def watch_inventory(self, max_changes: int = DEFAULT_MAX_IDS) -> None:
         """Notes every change of what the node holds from now on (`inventory_changes`)."""
         with self._lock:
-            self._index.inventory = Inventory(max_changes)
+            self._index.inventory = Inventory[Entry](max_changes)
 
     def inventory_changes(self) -> tuple[list[Holding], bool]:
         """What changed since the last call, as held now, and whether changes were

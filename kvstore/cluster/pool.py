@@ -1,0 +1,116 @@
+"""This node's part in the global pool: its membership, its publisher, and the lookups it
+answers for its clients (`locate`). Only nodes talk to Redis: an engine asks a node, which
+maps the caller's namespace through its tenancy first, so engines need no Redis
+credentials and see nothing of another tenant's blocks.
+
+A lookup that fails (Redis away, slow or refusing) answers None, and the caller answers from
+this node's own blocks; after a failure the pool does not ask Redis again for
+`backoff_s`, so a Redis that hangs costs one timeout per `backoff_s`, not one per request.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Mapping, Sequence
+
+from redis import RedisError
+
+from kvstore.cluster.global_index import GlobalIndex
+from kvstore.cluster.membership import Member, Membership, new_generation
+from kvstore.cluster.publisher import Publisher
+from kvstore.cluster.redis_link import open_redis
+from kvstore.cluster.settings import PoolSettings
+from kvstore.results import Located, MatchResult, PoolNode, PoolReport
+from kvstore.store import Store
+
+log = logging.getLogger("kvstore.cluster")
+BACKOFF_S = 1.0
+
+
+def advertised_host(settings: PoolSettings, host: str) -> str:
+    """Where others reach this node: `advertise_host`, else the listening host unless it is
+    a wildcard, else this machine's name."""
+    if settings.advertise_host:
+        return settings.advertise_host
+    return socket.gethostname() if host in ("", "0.0.0.0", "::", "[::]") else host
+
+
+class Pool:
+    """This node, of `capacity` by tier, in the pool `settings.cluster`, once started with
+    its addresses."""
+
+    def __init__(self, store: Store, settings: PoolSettings, capacity: Mapping[str, int]) -> None:
+        self.store = store
+        self.settings = settings
+        self.capacity = dict(capacity)
+        self.redis = open_redis(settings.cluster, settings.cluster_timeout_s)
+        self.index = GlobalIndex(self.redis)
+        self.membership: Membership | None = None  # once started
+        self.publisher: Publisher | None = None
+        self._quiet_until = 0.0  # no lookups in Redis before then (it just failed)
+
+    def start(self, addresses: Mapping[str, str]) -> Pool:
+        """Joins as the node at `addresses` ("grpc": HOST:PORT, and any plane's), now where
+        Redis answers, else as soon as it does."""
+        node_id = self.settings.node_id or addresses["grpc"]
+        me = Member(node_id, new_generation(), dict(addresses), self.capacity)
+        self.membership = Membership(self.redis, me, self.settings.cluster_ttl_s)
+        flush_s = self.settings.cluster_flush_s
+        self.publisher = Publisher(self.store, self.membership, self.index, flush_s)
+        self.publisher.run_once()
+        self.publisher.start()
+        return self
+
+    def stop(self) -> None:
+        if self.publisher is not None:
+            self.publisher.stop(leave=True)
+        self.redis.close()
+
+    def locate(self, namespace_id: bytes, keys: Sequence[bytes]) -> Located | None:
+        """Where each block of the longest prefix of `keys` (in the store's own namespace
+        `namespace_id`) is held in the pool; None where the index cannot be read now."""
+        membership = self.membership
+        if membership is None or membership.is_fenced or time.monotonic() < self._quiet_until:
+            return None
+        try:
+            found = self.index.locate(namespace_id, keys, membership.live())
+        except RedisError as exc:
+            self._quiet_until = time.monotonic() + BACKOFF_S
+            log.info("event=cluster_locate_failed error=%s", exc)
+            return None
+        nodes: dict[str, int] = {}
+        blocks = []
+        for holders in found:
+            ids = (nodes.setdefault(h.member.node_id, len(nodes)) for h in holders)
+            blocks.append(tuple(zip(ids, (h.tier for h in holders), strict=True)))
+        members = {h.member.node_id: h.member for holders in found for h in holders}
+        return Located(tuple(_node(members[n]) for n in nodes), tuple(blocks))
+
+    def alone(self, match: MatchResult) -> Located:
+        """This node's own prefix of a chain, as a location (the index could not be read)."""
+        me = _node(self.membership.me) if self.membership else PoolNode("", {}, {})
+        return Located.on_one_node(match, me, degraded=True)
+
+    def report(self) -> PoolReport:
+        if self.membership is None or self.publisher is None:
+            return PoolReport(in_pool=True, last_error="not joined yet")
+        me, status = self.membership.me, self.publisher.status()
+        members = sorted(self.membership.live().values(), key=lambda m: m.node_id)
+        return PoolReport(
+            True,
+            me.node_id,
+            me.generation,
+            status.redis_ok,
+            status.fenced,
+            tuple(_node(m) for m in members),
+            status.num_published,
+            status.num_pending,
+            status.last_error,
+            status.rebuild_seconds,
+        )
+
+
+def _node(member: Member) -> PoolNode:
+    return PoolNode(member.node_id, dict(member.addresses), dict(member.capacity))
