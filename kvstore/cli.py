@@ -76,6 +76,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_stats(args: argparse.Namespace) -> int:
     if args.watch:
         return _watch_stats(args)
+    if args.cluster:
+        return _pool_stats(args)
     with _client(args) as client:
         stats = client.stats()
     for name, value in stats._asdict().items():
@@ -86,6 +88,20 @@ def _cmd_stats(args: argparse.Namespace) -> int:
             f"tier={tier.name} capacity_bytes={tier.capacity_bytes} "
             f"used_bytes={tier.used_bytes} num_blocks={tier.num_blocks}"
         )
+    return 0
+
+
+def _pool_stats(args: argparse.Namespace) -> int:
+    """The pool as the node sees it: its part in the index, then a line per live member."""
+    with _client(args) as client:
+        report = client.pool_status()
+    for name, value in report._asdict().items():
+        if name != "members":
+            print(f"{name}={value}")
+    for member in report.members:
+        where = " ".join(f"{plane}={address}" for plane, address in member.addresses.items())
+        capacity = " ".join(f"{tier}_bytes={n}" for tier, n in member.capacity.items())
+        print(f"member={member.node_id} {where} {capacity}")
     return 0
 
 
@@ -186,6 +202,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _add_demo(sub)
     stats = _add_client_command(sub, "stats", "print a store node's counters", _cmd_stats)
     stats.add_argument("--watch", action="store_true", help="a live table of tiers and rates")
+    stats.add_argument("--cluster", action="store_true", help="the global pool as the node sees it")
     stats.add_argument("--interval-s", type=float, default=1.0, help="--watch refresh period")
     stats.add_argument("--count", type=int, default=0, help="--watch refreshes (0: forever)")
     _add_client_command(sub, "health", "exit 0 if a store node is serving", _cmd_health)

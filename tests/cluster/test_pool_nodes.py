@@ -7,6 +7,8 @@ answers from its own blocks, degraded."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -68,6 +70,10 @@ def test_a_chain_is_located_through_any_node(store_factory, redis_single):
         report = c.pool_status()
     assert report.in_pool and report.redis_ok and report.node_id == "n2"
     assert {m.node_id for m in report.members} == {"n1", "n2"}
+    cmd = [sys.executable, "-m", "kvstore.cli", "stats", "--cluster", "--address", n2.address]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=60).stdout
+    assert "in_pool=True" in out and "redis_ok=True" in out
+    assert f"member=n1 grpc={n1.address} dram_bytes={16 << 20}" in out
 
 
 def test_a_killed_nodes_blocks_are_misses_within_its_ttl(store_factory, redis_single):

@@ -1,0 +1,244 @@
+"""A client of a global pool of nodes (`kvstore serve --cluster`): asks one node where a
+chain is (`Locate`: one Redis round on that node, which maps the caller's namespace through
+its tenancy, so this client needs no Redis credentials), then reads each block from a node
+that holds it, several nodes at once, each over its own best plane (`Client`: shared
+memory with a node on this host, TCP or UCX elsewhere).
+
+Every read of a node is bounded by `read_deadline_s`. A node that fails or runs past it is
+left out for `quarantine_s` (no call dials it meanwhile) and its blocks are read from
+their next holder; what no live holder gives back is a miss. Nothing a node or Redis does
+raises out of `locate`, `match`, `get` or `get_into`: it becomes misses, and the caller
+recomputes. Puts go to the node this client calls home (the first seed that answers).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+
+from kvstore import errors
+from kvstore.client.client import Client
+from kvstore.client.common import Buffer, GetResult
+from kvstore.keys import Namespace
+from kvstore.results import Located, MatchResult, NamespaceInfo, PutResult
+
+log = logging.getLogger("kvstore.client")
+# What a node that fails does to a call: typed errors, and what gRPC or a socket raise.
+NODE_FAILURES = (errors.KVStoreError, grpc.RpcError, OSError)
+SPREAD_BLOCKS = 32  # consecutive blocks read from one holder where several hold them
+
+
+class PoolClient:
+    """Blocking client of the pool that `seeds` ("host:port" of any of its nodes) reach.
+    `client_kwargs` are `Client`'s (transport, auth_token, TLS files) for every node."""
+
+    def __init__(
+        self,
+        seeds: str | Sequence[str],
+        read_deadline_s: float = 2.0,
+        quarantine_s: float = 5.0,
+        max_parallel: int = 8,
+        **client_kwargs: Any,
+    ) -> None:
+        self.seeds = [seeds] if isinstance(seeds, str) else list(seeds)
+        assert self.seeds, "a pool client needs at least one seed"
+        self.read_deadline_s = read_deadline_s
+        self.quarantine_s = quarantine_s
+        self._kwargs = {"timeout_s": read_deadline_s, **client_kwargs}
+        self._lock = threading.Lock()
+        self._clients: dict[str, Client] = {}  # by gRPC address
+        self._namespaces: dict[bytes, Namespace] = {}  # by id: to register on nodes met
+        self._registered: set[tuple[str, bytes]] = set()  # (address, namespace id)
+        self._failing: dict[str, float] = {}  # address -> left out until (monotonic)
+        self._readers = concurrent.futures.ThreadPoolExecutor(
+            max_parallel, thread_name_prefix="kvstore-pool-read"
+        )
+
+    def __enter__(self) -> PoolClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._readers.shutdown(wait=True)
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            client.close()
+
+    @property
+    def failing_nodes(self) -> list[str]:
+        """The nodes left out now (their gRPC addresses)."""
+        now = time.monotonic()
+        with self._lock:
+            return sorted(a for a, until in self._failing.items() if until > now)
+
+    # -- control -------------------------------------------------------------------------
+
+    def register_namespace(self, namespace: Namespace) -> NamespaceInfo:
+        """Registers `namespace` on the home node (and on every node later read from);
+        raises what the home node raises."""
+        info = self._on_home(lambda client: client.register_namespace(namespace))
+        with self._lock:
+            self._namespaces[info.namespace_id] = namespace
+        return info
+
+    def locate(self, namespace_id: bytes, keys: Sequence[bytes]) -> Located:
+        """Where each block of the longest prefix of `keys` is held; empty where no node
+        answers."""
+        try:
+            return self._on_home(lambda client: client.locate(namespace_id, keys))
+        except NODE_FAILURES as exc:
+            log.info("event=pool_locate_failed error=%s", exc)
+            return Located((), ())
+
+    def match(self, namespace_id: bytes, keys: Sequence[bytes]) -> MatchResult:
+        located = self.locate(namespace_id, keys)
+        return MatchResult(located.num_located, tuple(b[0][1] for b in located.blocks))
+
+    def put_chain(
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        blocks: Sequence[Buffer],
+        parent: bytes | None = None,
+    ) -> PutResult:
+        """Puts consecutive blocks of one chain on the home node; raises what it raises."""
+        return self._on_home(lambda client: client.put_chain(namespace_id, keys, blocks, parent))
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def get_into(
+        self, namespace_id: bytes, keys: Sequence[bytes], buffers: Sequence[Any]
+    ) -> tuple[bool, ...]:
+        """Reads the located prefix of `keys` into `buffers` (one per key, the block size
+        each), from several nodes at once; returns which keys were read."""
+        located = self.locate(namespace_id, keys)
+        found = [False] * len(keys)
+        todo = {i: self._holders(located, i) for i in range(located.num_located)}
+        while todo:
+            plan: dict[str, list[int]] = {}
+            for i, holders in todo.items():
+                live = [a for a in holders if not self._is_failing(a)]
+                if live:  # spread over the live holders: replicas load in parallel
+                    plan.setdefault(live[(i // SPREAD_BLOCKS) % len(live)], []).append(i)
+            if not plan:
+                break
+            jobs = {
+                self._readers.submit(self._read, address, namespace_id, keys, buffers, ids): (
+                    address,
+                    ids,
+                )
+                for address, ids in plan.items()
+            }
+            for job in concurrent.futures.as_completed(jobs):
+                address, ids = jobs[job]
+                for i, hit in zip(ids, job.result(), strict=True):
+                    found[i] = found[i] or hit
+                    todo[i] = [a for a in todo[i] if a != address]
+            todo = {i: holders for i, holders in todo.items() if not found[i] and holders}
+        return tuple(found)
+
+    def get(self, namespace_id: bytes, keys: Sequence[bytes]) -> GetResult:
+        """The located prefix of `keys`, read from the pool; misses are None."""
+        located = self.locate(namespace_id, keys)
+        if not located.num_located:
+            return GetResult((None,) * len(keys))
+        block_bytes = self._block_bytes(namespace_id)
+        buffers = [bytearray(block_bytes) for _ in keys]
+        found = self.get_into(namespace_id, keys, buffers)
+        return GetResult(tuple(b if hit else None for b, hit in zip(buffers, found, strict=True)))
+
+    def _read(
+        self,
+        address: str,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        buffers: Sequence[Any],
+        ids: list[int],
+    ) -> tuple[bool, ...]:
+        """Blocks `ids` from the node at `address`; all misses (and the node left out) where
+        it fails or runs past the read deadline."""
+        started = time.monotonic()
+        try:
+            client = self._client(address)
+            self._register(client, address, namespace_id)
+            hits = client.get_into(namespace_id, [keys[i] for i in ids], [buffers[i] for i in ids])
+        except NODE_FAILURES as exc:
+            self._leave_out(address, exc)
+            return (False,) * len(ids)
+        if time.monotonic() - started > self.read_deadline_s:
+            self._leave_out(address, TimeoutError("read past its deadline"))
+        return hits
+
+    # -- nodes ---------------------------------------------------------------------------
+
+    def _holders(self, located: Located, i: int) -> list[str]:
+        """The gRPC addresses of block i's holders, fastest tier first ("" in a node's
+        answer: the node asked, home)."""
+        addresses = []
+        for node, _ in located.blocks[i]:
+            address = located.nodes[node].addresses.get("grpc", "") or self._home()
+            if address not in addresses:
+                addresses.append(address)
+        return addresses
+
+    def _home(self) -> str:
+        """The first seed not left out (the first of all where every one is)."""
+        return next((s for s in self.seeds if not self._is_failing(s)), self.seeds[0])
+
+    def _on_home(self, call: Any) -> Any:
+        """`call(client)` on the home node, then on the other seeds where it fails."""
+        last: BaseException | None = None
+        for address in dict.fromkeys([self._home(), *self.seeds]):
+            try:
+                return call(self._client(address))
+            except NODE_FAILURES as exc:
+                if isinstance(exc, errors.KVStoreError) and not isinstance(
+                    exc, errors.UnavailableError | errors.DeadlineExceededError
+                ):
+                    raise  # the node answered: the call itself was refused
+                self._leave_out(address, exc)
+                last = exc
+        assert last is not None
+        raise last
+
+    def _client(self, address: str) -> Client:
+        with self._lock:
+            client = self._clients.get(address)
+            if client is None:
+                client = self._clients[address] = Client(address, **self._kwargs)
+            return client
+
+    def _register(self, client: Client, address: str, namespace_id: bytes) -> None:
+        with self._lock:
+            namespace = self._namespaces.get(namespace_id)
+            known = (address, namespace_id) in self._registered
+        if namespace is None or known:
+            return
+        client.register_namespace(namespace)
+        with self._lock:
+            self._registered.add((address, namespace_id))
+
+    def _block_bytes(self, namespace_id: bytes) -> int:
+        with self._lock:
+            namespace = self._namespaces.get(namespace_id)
+        if namespace is None:
+            raise errors.UnknownNamespaceError("register the namespace with this client first")
+        return namespace.block_bytes
+
+    def _is_failing(self, address: str) -> bool:
+        with self._lock:
+            return self._failing.get(address, 0.0) > time.monotonic()
+
+    def _leave_out(self, address: str, exc: BaseException) -> None:
+        with self._lock:
+            self._failing[address] = time.monotonic() + self.quarantine_s
+        log.info("event=pool_node_left_out address=%s error=%s", address, exc)

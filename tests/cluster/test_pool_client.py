@@ -1,0 +1,98 @@
+"""The pool client against real nodes and a real Redis: a chain that two nodes hold loads from
+both at once, byte for byte; a holder SIGKILLed or frozen (SIGSTOP) mid-way costs at most one
+read deadline and its blocks come from the other holder; a node that failed is left out
+instead of dialled per request; and where no node or Redis answers, every call is misses,
+never an error."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import numpy as np
+
+from kvstore.client import Client
+from kvstore.client.pool_client import PoolClient
+from tests.cluster.test_pool_nodes import NS, _chain, _serve
+from tests.conftest import wait_until
+
+DEADLINE_S = 1.0
+
+
+def _payload(i: int) -> np.ndarray:
+    return np.full(NS.block_bytes, (i * 7 + 3) % 251, np.uint8)
+
+
+def _two_holders(store_factory, redis_url: str, n: int):
+    nodes = [_serve(store_factory, redis_url, name) for name in ("n1", "n2")]
+    keys = _chain(n)
+    for node in nodes:
+        with Client(node.address, transport="grpc") as c:
+            ns_id = c.register_namespace(NS).namespace_id
+            c.put_chain(ns_id, keys, [_payload(i) for i in range(n)])
+    return nodes, keys, ns_id
+
+
+def _hits(address: str) -> int:
+    with Client(address, transport="grpc") as c:
+        return c.stats().hits
+
+
+def _whole(pool: PoolClient, ns_id: bytes, keys: list[bytes]) -> bool:
+    got = pool.get(ns_id, keys).blocks
+    return all(b is not None and bytes(b) == _payload(i).tobytes() for i, b in enumerate(got))
+
+
+def _located_on_both(pool: PoolClient, ns_id: bytes, keys: list[bytes]) -> bool:
+    located = pool.locate(ns_id, keys)
+    return located.num_located == len(keys) and all(len(b) == 2 for b in located.blocks)
+
+
+def test_replicas_load_in_parallel_byte_for_byte(store_factory, redis_single):
+    (n1, n2), keys, ns_id = _two_holders(store_factory, redis_single.url, 128)
+    with PoolClient([n1.address], read_deadline_s=DEADLINE_S) as pool:
+        pool.register_namespace(NS)
+        wait_until(lambda: _located_on_both(pool, ns_id, keys), 5.0, "both holders filed")
+        before = (_hits(n1.address), _hits(n2.address))
+        assert _whole(pool, ns_id, keys)
+        after = (_hits(n1.address), _hits(n2.address))
+    assert after[0] > before[0] and after[1] > before[1]  # both served a share
+
+
+def test_a_killed_holder_costs_no_block_and_is_left_out(store_factory, redis_single):
+    (n1, n2), keys, ns_id = _two_holders(store_factory, redis_single.url, 96)
+    with PoolClient([n2.address], read_deadline_s=DEADLINE_S) as pool:
+        pool.register_namespace(NS)
+        wait_until(lambda: _located_on_both(pool, ns_id, keys), 5.0, "both holders filed")
+        n1.kill()  # still in the index until its TTL
+        assert _whole(pool, ns_id, keys)
+        assert pool.failing_nodes == [n1.address]
+        assert _whole(pool, ns_id, keys)  # left out: no second dial
+
+
+def test_a_frozen_holder_costs_at_most_one_read_deadline(store_factory, redis_single):
+    (n1, n2), keys, ns_id = _two_holders(store_factory, redis_single.url, 96)
+    with PoolClient([n2.address], read_deadline_s=DEADLINE_S) as pool:
+        pool.register_namespace(NS)
+        wait_until(lambda: _located_on_both(pool, ns_id, keys), 5.0, "both holders filed")
+        n1.proc.send_signal(signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            assert _whole(pool, ns_id, keys)
+            assert time.monotonic() - started < 2 * DEADLINE_S + 1.0
+            assert pool.failing_nodes == [n1.address]
+        finally:
+            n1.proc.send_signal(signal.SIGCONT)
+
+
+def test_where_nothing_answers_every_call_is_misses(store_factory, redis_single):
+    (n1, n2), keys, ns_id = _two_holders(store_factory, redis_single.url, 8)
+    with PoolClient([n1.address, n2.address], read_deadline_s=DEADLINE_S) as pool:
+        pool.register_namespace(NS)
+        n1.kill()
+        n2.kill()
+        assert pool.locate(ns_id, keys).num_located == 0
+        assert pool.match(ns_id, keys).num_matched == 0
+        assert pool.get(ns_id, keys).num_found == 0
+        buffers = [bytearray(NS.block_bytes) for _ in keys]
+        assert pool.get_into(ns_id, keys, buffers) == (False,) * len(keys)
