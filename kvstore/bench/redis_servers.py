@@ -142,6 +142,11 @@ class RedisCluster:
                 if time.monotonic() > deadline:
                     raise RedisUnavailableError(f"Redis Cluster node {server.port} is not ok")
                 time.sleep(0.05)
+        for server in alive[self.primaries :]:  # a replica that never synced never takes over
+            while "master_link_status:up" not in server.cli("info", "replication", check=False):
+                if time.monotonic() > deadline:
+                    raise RedisUnavailableError(f"Redis Cluster replica {server.port} never synced")
+                time.sleep(0.05)
 
 
 @contextlib.contextmanager

@@ -1,8 +1,9 @@
 """The publisher between a real store and a real Redis: what the store commits is in the
 index after one pass, what it evicts or removes leaves it; a frozen Redis fences the node
-and no pass waits past Redis's timeouts; a Redis that goes away leaves the store serving and the status degraded, and when
-it comes back empty the node files all it holds again under a new generation (so nothing
-it filed before is answered); an inventory that overflowed is filed whole again."""
+and no pass waits past Redis's timeouts; a Redis that goes away leaves the store serving
+and the status degraded, and when it comes back empty the node files all it holds again
+under a new generation (so nothing it filed before is answered); an inventory that
+overflowed is filed whole again."""
 
 from __future__ import annotations
 
