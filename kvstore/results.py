@@ -132,3 +132,5 @@ class PoolReport(NamedTuple):
     num_pending: int = 0  # blocks still to file again (a rebuild or sweep under way)
     last_error: str = ""
     rebuild_seconds: float = 0.0  # how long the last full republish took
+    num_locates: int = 0  # chains looked up in the index since start
+    num_locate_rounds: int = 0  # the Redis round trips they took

@@ -326,7 +326,7 @@ class PoolStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class PoolStatusResponse(_message.Message):
-    __slots__ = ("in_pool", "node_id", "generation", "redis_ok", "fenced", "members", "num_published", "num_pending", "last_error", "rebuild_seconds")
+    __slots__ = ("in_pool", "node_id", "generation", "redis_ok", "fenced", "members", "num_published", "num_pending", "last_error", "rebuild_seconds", "num_locates", "num_locate_rounds")
     IN_POOL_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -337,6 +337,8 @@ class PoolStatusResponse(_message.Message):
     NUM_PENDING_FIELD_NUMBER: _ClassVar[int]
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     REBUILD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_LOCATES_FIELD_NUMBER: _ClassVar[int]
+    NUM_LOCATE_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     in_pool: bool
     node_id: str
     generation: str
@@ -347,7 +349,9 @@ class PoolStatusResponse(_message.Message):
     num_pending: int
     last_error: str
     rebuild_seconds: float
-    def __init__(self, in_pool: _Optional[bool] = ..., node_id: _Optional[str] = ..., generation: _Optional[str] = ..., redis_ok: _Optional[bool] = ..., fenced: _Optional[bool] = ..., members: _Optional[_Iterable[_Union[PoolNode, _Mapping]]] = ..., num_published: _Optional[int] = ..., num_pending: _Optional[int] = ..., last_error: _Optional[str] = ..., rebuild_seconds: _Optional[float] = ...) -> None: ...
+    num_locates: int
+    num_locate_rounds: int
+    def __init__(self, in_pool: _Optional[bool] = ..., node_id: _Optional[str] = ..., generation: _Optional[str] = ..., redis_ok: _Optional[bool] = ..., fenced: _Optional[bool] = ..., members: _Optional[_Iterable[_Union[PoolNode, _Mapping]]] = ..., num_published: _Optional[int] = ..., num_pending: _Optional[int] = ..., last_error: _Optional[str] = ..., rebuild_seconds: _Optional[float] = ..., num_locates: _Optional[int] = ..., num_locate_rounds: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("prompt_token_ids", "max_tokens", "temperature", "seed", "stop_token_ids", "return_logits", "num_published_tokens", "prefetch")

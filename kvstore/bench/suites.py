@@ -69,6 +69,12 @@ _SPECS = (
         can_plot=True,
     ),
     SuiteSpec(
+        "cluster",
+        "kvstore.bench.cluster",
+        "the global pool on Redis: get and put as nodes are added, Redis round trips per "
+        "match, a trace's hit ratio global vs per-node vs one node; --kill: seconds to miss",
+    ),
+    SuiteSpec(
         "trace-gen",
         "kvstore.bench.trace_gen",
         "write a synthetic Mooncake-format trace of a multi-turn workload (conversation or "

@@ -52,12 +52,15 @@ class Holder:
 
 class GlobalIndex:
     """The index on `redis`: what nodes publish (`publish`) and what a chain's lookup finds
-    (`locate`). Counts its pipelined round trips (`rounds`)."""
+    (`locate`). Counts its pipelined round trips (`rounds`), and its lookups' apart
+    (`locates`, `locate_rounds`)."""
 
     def __init__(self, redis: Redis, entry_ttl_s: float = ENTRY_TTL_S) -> None:
         self.redis = redis
         self.entry_ttl_s = entry_ttl_s
         self.rounds = 0
+        self.locates = 0
+        self.locate_rounds = 0
         self._stale: deque[tuple[bytes, bytes, bytes]] = deque(maxlen=MAX_STALE_FIELDS)
 
     @staticmethod
@@ -96,13 +99,16 @@ class GlobalIndex:
         """The live holders of each block of the longest prefix of chain `keys` (from its
         root) that some live node holds, in one pipelined round. Raises `redis.RedisError`."""
         if not keys:
+            self.locates += 1
             return []
         pipe = self.redis.pipeline(transaction=False)
         for i, key in enumerate(keys):
             group = keys[i - i % CHAIN_GROUP_BLOCKS]
             pipe.hgetall(self.block_key(namespace_id, group, key))
+        self.locates += 1
         answers = pipe.execute()
         self.rounds += 1
+        self.locate_rounds += 1
         found = [self._live_holders(namespace_id, keys, i, f, live) for i, f in enumerate(answers)]
         gap = next((i for i, holders in enumerate(found) if not holders), len(found))
         return found[:gap]

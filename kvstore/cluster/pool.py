@@ -109,6 +109,8 @@ class Pool:
             status.num_pending,
             status.last_error,
             status.rebuild_seconds,
+            self.index.locates,
+            self.index.locate_rounds,
         )
 
 

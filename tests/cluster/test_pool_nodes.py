@@ -69,6 +69,7 @@ def test_a_chain_is_located_through_any_node(store_factory, redis_single):
     with Client(n2.address, transport="grpc") as c:
         report = c.pool_status()
     assert report.in_pool and report.redis_ok and report.node_id == "n2"
+    assert report.num_locates >= 1 and report.num_locate_rounds == report.num_locates  # one each
     assert {m.node_id for m in report.members} == {"n1", "n2"}
     cmd = [sys.executable, "-m", "kvstore.cli", "stats", "--cluster", "--address", n2.address]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=60).stdout
