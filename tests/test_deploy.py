@@ -33,8 +33,13 @@ def _manifests() -> list[dict]:
     return [doc for doc in yaml.safe_load_all(MANIFESTS.read_text()) if doc]
 
 
-def _container(kind: str = "StatefulSet") -> dict:
-    [workload] = [doc for doc in _manifests() if doc["kind"] == kind]
+def _named(kind: str, name: str) -> dict:
+    [doc] = [d for d in _manifests() if d["kind"] == kind and d["metadata"]["name"] == name]
+    return doc
+
+
+def _kvstore_container() -> dict:
+    workload = _named("StatefulSet", "kvstore")
     [container] = workload["spec"]["template"]["spec"]["containers"]
     return container
 
@@ -71,7 +76,7 @@ def test_manifests_pass_the_kubernetes_schemas(doc):
 
 
 def test_statefulset_runs_the_node_its_probes_service_and_scrape_expect():
-    container = _container()
+    container = _kvstore_container()
     store, server = _serve_configs(container["args"])
     check_listener(server.security, server.host)
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
@@ -82,7 +87,7 @@ def test_statefulset_runs_the_node_its_probes_service_and_scrape_expect():
     }
     for probe in ("readinessProbe", "livenessProbe"):
         assert container[probe]["grpc"]["port"] == server.port  # the node's health service
-    [workload] = [d for d in _manifests() if d["kind"] == "StatefulSet"]
+    workload = _named("StatefulSet", "kvstore")
     annotations = workload["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true"
     assert int(annotations["prometheus.io/port"]) == server.metrics_port
@@ -91,9 +96,25 @@ def test_statefulset_runs_the_node_its_probes_service_and_scrape_expect():
     assert server.security.auth_token_file.startswith(mounts["tokens"] + "/")
     claims = [c["metadata"]["name"] for c in workload["spec"]["volumeClaimTemplates"]]
     assert claims == ["ssd"]
-    [service] = [d for d in _manifests() if d["kind"] == "Service"]
+    service = _named("Service", "kvstore")
     assert service["spec"]["selector"] == workload["spec"]["selector"]["matchLabels"]
     assert {p["targetPort"] for p in service["spec"]["ports"]} == set(ports)
+
+
+def test_the_nodes_form_one_pool_on_the_redis_beside_them():
+    container = _kvstore_container()
+    _, server = _serve_configs(container["args"])
+    redis = _named("Service", "kvstore-redis")
+    [port] = redis["spec"]["ports"]
+    assert server.pool.cluster == f"redis://kvstore-redis:{port['port']}/0"
+    assert server.tenancy.tenant_secret_file  # every node derives the same namespace ids
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert server.tenancy.tenant_secret_file.startswith(mounts["tokens"] + "/")
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
+    assert server.pool.node_id == "$(POD_NAME)" and env["POD_NAME"] == "metadata.name"
+    assert server.pool.advertise_host == "$(POD_NAME).kvstore"  # the headless Service's name
+    [redis_pod] = _named("Deployment", "kvstore-redis")["spec"]["template"]["spec"]["containers"]
+    assert redis_pod["ports"][0]["containerPort"] == port["port"]
 
 
 @pytest.mark.timeout(900)

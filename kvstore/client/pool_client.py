@@ -131,16 +131,8 @@ class PoolClient:
                     plan.setdefault(live[(i // SPREAD_BLOCKS) % len(live)], []).append(i)
             if not plan:
                 break
-            jobs = {
-                self._readers.submit(self._read, address, namespace_id, keys, buffers, ids): (
-                    address,
-                    ids,
-                )
-                for address, ids in plan.items()
-            }
-            for job in concurrent.futures.as_completed(jobs):
-                address, ids = jobs[job]
-                for i, hit in zip(ids, job.result(), strict=True):
+            for address, ids, hits in self._read_all(plan, namespace_id, keys, buffers):
+                for i, hit in zip(ids, hits, strict=True):
                     found[i] = found[i] or hit
                     todo[i] = [a for a in todo[i] if a != address]
             todo = {i: holders for i, holders in todo.items() if not found[i] and holders}
@@ -155,6 +147,31 @@ class PoolClient:
         buffers = [bytearray(block_bytes) for _ in keys]
         found = self.get_into(namespace_id, keys, buffers)
         return GetResult(tuple(b if hit else None for b, hit in zip(buffers, found, strict=True)))
+
+    def _read_all(
+        self,
+        plan: dict[str, list[int]],
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        buffers: Sequence[Any],
+    ) -> list[tuple[str, list[int], tuple[bool, ...]]]:
+        """Every node's share of `plan` read, at once (on this thread where one node has it
+        all); (address, block indexes, hits) each."""
+        if len(plan) == 1:
+            ((address, ids),) = plan.items()
+            return [(address, ids, self._read(address, namespace_id, keys, buffers, ids))]
+        jobs = {
+            self._readers.submit(self._read, address, namespace_id, keys, buffers, ids): (
+                address,
+                ids,
+            )
+            for address, ids in plan.items()
+        }
+        done = []
+        for job in concurrent.futures.as_completed(jobs):
+            address, ids = jobs[job]
+            done.append((address, ids, job.result()))
+        return done
 
     def _read(
         self,
