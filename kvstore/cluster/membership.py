@@ -134,6 +134,7 @@ class Membership:
             log.warning("event=cluster_record_lost node=%s generation=%s", *self._who())
         first = self._renewed_at is None
         self._renewed_at = sent
+        self._live[self.me.node_id] = (self.me, sent + self.ttl_s)  # itself, as just filed
         if first:
             log.info("event=cluster_joined node=%s generation=%s", *self._who())
         return lost or was_fenced
