@@ -53,11 +53,10 @@ def test_a_frozen_redis_leaves_every_node_serving_its_own(store_factory, redis_s
             assert not report.redis_ok
         finally:
             redis_single.thaw()
-        back = wait_until(
-            lambda: (lambda found: found if found.num_located == 6 else None)(
+        wait_until(
+            lambda: (lambda found: not found.degraded and found.num_located == 6)(
                 c.locate(ns_id, keys)
             ),
             10.0,
             "filed again once Redis is back",
         )
-        assert not back.degraded
