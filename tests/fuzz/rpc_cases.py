@@ -58,6 +58,8 @@ REQUESTS = {
     "Remove": pb.RemoveRequest,
     "Stats": pb.StatsRequest,
     "DataPlaneInfo": pb.DataPlaneInfoRequest,
+    "Locate": pb.LocateRequest,
+    "PoolStatus": pb.PoolStatusRequest,
     "Get": pb.GetRequest,
     "Write": pb.WriteChunk,
 }
@@ -210,6 +212,8 @@ MESSAGES = {
         transport=st.one_of(st.just("ucx"), texts),
         client_address=st.binary(max_size=600),
     ),
+    "Locate": st.builds(pb.LocateRequest, namespace_id=ns_ids, keys=key_lists),
+    "PoolStatus": st.builds(pb.PoolStatusRequest),
     "Get": st.builds(pb.GetRequest, namespace_id=ns_ids, keys=key_lists),
     "Write": st.builds(
         pb.WriteChunk, reservation_id=u64, index=u32, offset=u64, data=st.binary(max_size=64)

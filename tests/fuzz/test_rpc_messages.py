@@ -22,6 +22,7 @@ from tests.fuzz.rpc_cases import (
     MAX_MESSAGE_BYTES,
     MESSAGES,
     NS,
+    REQUESTS,
     TIMEOUT_S,
     UNARY,
     Node,
@@ -41,6 +42,12 @@ def _arbitrary_message_to_unary(node: Node, method: str, request) -> None:
     code, details = _code(lambda: getattr(node.stub, method)(request, timeout=10.0))
     _check_allowed(method, code, details)
     _still_serving(node)
+
+
+def test_every_rpc_of_the_store_is_fuzzed():
+    """An RPC added later must be listed in `REQUESTS`, or this fails."""
+    service = pb.DESCRIPTOR.services_by_name["KVStore"]
+    assert set(REQUESTS) == {method.name for method in service.methods}
 
 
 @pytest.mark.parametrize("method", UNARY)
