@@ -10,6 +10,9 @@ named by the first one's key): a group lands in one Redis Cluster slot, so a cha
 blocks is read from about N / 32 slots in one pipelined round, and chains that part after a
 shared prefix part in Redis too (no one tag for all).
 
+A lookup reads each group with one script (its keys share a slot), all groups in one
+pipelined round.
+
 A field per holder: node id -> "GENERATION TIER". A restarted node overwrites its own
 fields under its new generation; readers drop a field whose node is not live under that
 generation (`Membership`), so a dead or restarted node's entries stop being answered within
@@ -33,6 +36,12 @@ TAG_BYTES = 8  # of the namespace id and of the group key each
 ENTRY_TTL_S = 3 * 3600  # a holder republishes well within it (`Publisher.sweep_s`)
 MAX_STALE_FIELDS = 4096  # fields of left generations waiting to be removed
 _TIERS = ("dram", "ssd")
+# Every field of each of KEYS (one chain group: one slot), in one command.
+_READ_GROUP = """
+local out = {}
+for i, key in ipairs(KEYS) do out[i] = redis.call('HGETALL', key) end
+return out
+"""
 # Removes a field only if it still holds what the reader saw.
 _DROP_IF = """
 if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
@@ -102,13 +111,15 @@ class GlobalIndex:
             self.locates += 1
             return []
         pipe = self.redis.pipeline(transaction=False)
-        for i, key in enumerate(keys):
-            group = keys[i - i % CHAIN_GROUP_BLOCKS]
-            pipe.hgetall(self.block_key(namespace_id, group, key))
+        for start in range(0, len(keys), CHAIN_GROUP_BLOCKS):
+            run = keys[start : start + CHAIN_GROUP_BLOCKS]
+            names = [self.block_key(namespace_id, run[0], key) for key in run]
+            pipe.execute_command("EVAL", _READ_GROUP, len(names), *names)  # one slot
         self.locates += 1
-        answers = pipe.execute()
+        groups = pipe.execute()
         self.rounds += 1
         self.locate_rounds += 1
+        answers = [_as_fields(flat) for group in groups for flat in group]
         found = [self._live_holders(namespace_id, keys, i, f, live) for i, f in enumerate(answers)]
         gap = next((i for i, holders in enumerate(found) if not holders), len(found))
         return found[:gap]
@@ -132,3 +143,8 @@ class GlobalIndex:
                 self._stale.append((key, node, value))
         holders.sort(key=lambda h: (_TIERS.index(h.tier), h.member.node_id))
         return holders
+
+
+def _as_fields(flat: Sequence[bytes]) -> dict[bytes, bytes]:
+    """A hash's fields from HGETALL's flat reply inside a script."""
+    return {bytes(flat[i]): bytes(flat[i + 1]) for i in range(0, len(flat) - 1, 2)}
