@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import cast
 
 import numpy as np
+from rich.console import Console
 
 from kvstore.bench import trace_file
 from kvstore.bench.load_server import ServerProcess, serve
@@ -368,4 +369,8 @@ def _reader(row: Row):  # type: ignore[no-untyped-def]
 
 
 def exit_status(rows: list[Row]) -> int:
-    return 1 if failures(rows) else 0
+    """1 when a target is missed or unmeasured (listed on stderr), else 0."""
+    missed = failures(rows)
+    for line in missed:
+        Console(stderr=True).print(f"[red]target missed[/red] {line}")
+    return int(bool(missed))
