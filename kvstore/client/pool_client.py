@@ -4,6 +4,11 @@ its tenancy, so this client needs no Redis credentials), then reads each block f
 that holds it, several nodes at once, each over its own best plane (`Client`: shared
 memory with a node on this host, TCP or UCX elsewhere).
 
+Hot chains get copies, within a budget: a chain this client read `hot_reads` times while
+fewer than `max_copies` nodes held every block of it is put once more, off the read path,
+on another live node (from the blocks just read), so later reads load from both at once.
+`hot_reads=0` turns that off.
+
 Every read of a node is bounded by `read_deadline_s`. A node that fails or runs past it is
 left out for `quarantine_s` (no call dials it meanwhile) and its blocks are read from
 their next holder; what no live holder gives back is a miss. Nothing a node or Redis does
@@ -17,6 +22,7 @@ import concurrent.futures
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,6 +38,10 @@ log = logging.getLogger("kvstore.client")
 # What a node that fails does to a call: typed errors, and what gRPC or a socket raise.
 NODE_FAILURES = (errors.KVStoreError, grpc.RpcError, OSError)
 SPREAD_BLOCKS = 32  # consecutive blocks read from one holder where several hold them
+HOT_READS = 2  # reads of a chain that make it hot
+MAX_COPIES = 2  # holders a hot chain is copied up to: the replica budget
+MAX_TRACKED = 4096  # chains whose reads are counted (the least recent forgotten)
+MEMBERS_TTL_S = 5.0  # how long the pool's member list is taken as current
 
 
 class PoolClient:
@@ -44,6 +54,8 @@ class PoolClient:
         read_deadline_s: float = 2.0,
         quarantine_s: float = 5.0,
         max_parallel: int = 8,
+        hot_reads: int = HOT_READS,
+        max_copies: int = MAX_COPIES,
         **client_kwargs: Any,
     ) -> None:
         self.seeds = [seeds] if isinstance(seeds, str) else list(seeds)
@@ -59,6 +71,13 @@ class PoolClient:
         self._readers = concurrent.futures.ThreadPoolExecutor(
             max_parallel, thread_name_prefix="kvstore-pool-read"
         )
+        self.hot_reads = hot_reads
+        self.max_copies = max_copies
+        self.num_copies = 0  # hot chains copied to another node
+        self._reads: OrderedDict[tuple[bytes, bytes], int] = OrderedDict()  # chain -> reads
+        self._copying: set[tuple[bytes, bytes]] = set()
+        self._members: tuple[float, list[str]] = (0.0, [])  # read at, their gRPC addresses
+        self._copier = concurrent.futures.ThreadPoolExecutor(1, "kvstore-pool-copy")
 
     def __enter__(self) -> PoolClient:
         return self
@@ -67,6 +86,7 @@ class PoolClient:
         self.close()
 
     def close(self) -> None:
+        self._copier.shutdown(wait=True)
         self._readers.shutdown(wait=True)
         with self._lock:
             clients, self._clients = list(self._clients.values()), {}
@@ -136,6 +156,9 @@ class PoolClient:
                     found[i] = found[i] or hit
                     todo[i] = [a for a in todo[i] if a != address]
             todo = {i: holders for i, holders in todo.items() if not found[i] and holders}
+        read = next((i for i, hit in enumerate(found) if not hit), len(found))
+        if read and self.hot_reads > 0:
+            self._note_read(namespace_id, keys[:read], located, buffers)
         return tuple(found)
 
     def get(self, namespace_id: bytes, keys: Sequence[bytes]) -> GetResult:
@@ -194,6 +217,70 @@ class PoolClient:
         if time.monotonic() - started > self.read_deadline_s:
             self._leave_out(address, TimeoutError("read past its deadline"))
         return hits
+
+    # -- hot chains ----------------------------------------------------------------------
+
+    def _note_read(
+        self, namespace_id: bytes, keys: Sequence[bytes], located: Located, buffers: Sequence[Any]
+    ) -> None:
+        """Counts a read of chain `keys`; copies it to one more node once it is hot."""
+        holders = [
+            {located.nodes[n].addresses.get("grpc", "") for n, _ in b} for b in located.blocks
+        ]
+        if min(len(h) for h in holders[: len(keys)]) >= self.max_copies:
+            return
+        chain = (namespace_id, keys[-1])
+        with self._lock:
+            reads = self._reads.pop(chain, 0) + 1
+            self._reads[chain] = reads
+            if len(self._reads) > MAX_TRACKED:
+                self._reads.popitem(last=False)
+            if reads < self.hot_reads or chain in self._copying:
+                return
+            self._copying.add(chain)
+        held = set().union(*holders[: len(keys)])
+        targets = [a for a in self._live_members() if a not in held and not self._is_failing(a)]
+        if not targets:
+            with self._lock:
+                self._copying.discard(chain)
+            return
+        target = targets[hash(chain) % len(targets)]
+        blocks = [bytes(memoryview(b).cast("B")) for b in buffers[: len(keys)]]  # theirs reused
+        self._copier.submit(self._copy, target, namespace_id, list(keys), blocks, chain)
+
+    def _copy(
+        self,
+        address: str,
+        namespace_id: bytes,
+        keys: list[bytes],
+        blocks: list[bytes],
+        chain: tuple[bytes, bytes],
+    ) -> None:
+        try:
+            client = self._client(address)
+            self._register(client, address, namespace_id)
+            client.put_chain(namespace_id, keys, blocks)
+            self.num_copies += 1
+            log.info("event=pool_hot_copy address=%s blocks=%d", address, len(keys))
+        except NODE_FAILURES as exc:
+            self._leave_out(address, exc)
+        finally:
+            with self._lock:
+                self._copying.discard(chain)
+                self._reads.pop(chain, None)
+
+    def _live_members(self) -> list[str]:
+        """The gRPC addresses of the pool's live members, as the home node last said."""
+        read_at, members = self._members
+        if time.monotonic() - read_at < MEMBERS_TTL_S:
+            return members
+        try:
+            report = self._on_home(lambda client: client.pool_status())
+        except NODE_FAILURES:
+            return []
+        members = [m.addresses["grpc"] for m in report.members if m.addresses.get("grpc")]
+        self._members = (time.monotonic(), members)
+        return members
 
     # -- nodes ---------------------------------------------------------------------------
 

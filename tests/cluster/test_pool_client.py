@@ -1,5 +1,6 @@
 """The pool client against real nodes and a real Redis: a chain that two nodes hold loads from
-both at once, byte for byte; a holder SIGKILLed or frozen (SIGSTOP) mid-way costs at most one
+both at once, byte for byte; a chain read twice from its one holder gets a copy on another
+node, and no more than the budget; a holder SIGKILLed or frozen (SIGSTOP) mid-way costs at most one
 read deadline and its blocks come from the other holder; a node that failed is left out
 instead of dialled per request; and where no node or Redis answers, every call is misses,
 never an error."""
@@ -96,3 +97,25 @@ def test_where_nothing_answers_every_call_is_misses(store_factory, redis_single)
         assert pool.get(ns_id, keys).num_found == 0
         buffers = [bytearray(NS.block_bytes) for _ in keys]
         assert pool.get_into(ns_id, keys, buffers) == (False,) * len(keys)
+
+
+def test_a_hot_chain_gets_one_copy_on_another_node(store_factory, redis_single):
+    n1, n2 = (_serve(store_factory, redis_single.url, name) for name in ("n1", "n2"))
+    keys = _chain(64)
+    with Client(n1.address, transport="grpc") as c:
+        ns_id = c.register_namespace(NS).namespace_id
+        c.put_chain(ns_id, keys, [_payload(i) for i in range(64)])
+    with PoolClient([n1.address], read_deadline_s=DEADLINE_S) as pool:
+        pool.register_namespace(NS)
+        wait_until(lambda: pool.locate(ns_id, keys).num_located == 64, 5.0, "n1's chain filed")
+        assert _whole(pool, ns_id, keys)
+        assert pool.num_copies == 0  # read once: not hot yet
+        assert _whole(pool, ns_id, keys)  # hot: copied to n2, off the read path
+        wait_until(lambda: _located_on_both(pool, ns_id, keys), 10.0, "the copy filed")
+        assert pool.num_copies == 1
+        before = _hits(n2.address)
+        assert _whole(pool, ns_id, keys)
+        assert _hits(n2.address) > before  # the copy serves its share
+        for _ in range(3):
+            assert _whole(pool, ns_id, keys)
+        assert pool.num_copies == 1  # the budget: two holders
