@@ -80,9 +80,7 @@ def _cmd_stats(args: argparse.Namespace) -> int:
         return _pool_stats(args)
     with _client(args) as client:
         stats = client.stats()
-    for name, value in stats._asdict().items():
-        if name != "tiers":
-            print(f"{name}={value}")
+    _print_fields(stats._asdict(), "tiers")
     for tier in stats.tiers:
         print(
             f"tier={tier.name} capacity_bytes={tier.capacity_bytes} "
@@ -95,14 +93,19 @@ def _pool_stats(args: argparse.Namespace) -> int:
     """The pool as the node sees it: its part in the index, then a line per live member."""
     with _client(args) as client:
         report = client.pool_status()
-    for name, value in report._asdict().items():
-        if name != "members":
-            print(f"{name}={value}")
+    _print_fields(report._asdict(), "members")
     for member in report.members:
         where = " ".join(f"{plane}={address}" for plane, address in member.addresses.items())
         capacity = " ".join(f"{tier}_bytes={n}" for tier, n in member.capacity.items())
         print(f"member={member.node_id} {where} {capacity}")
     return 0
+
+
+def _print_fields(fields: dict[str, object], listed_apart: str) -> None:
+    """A `name=value` line per field, but the one whose items get lines of their own."""
+    for name, value in fields.items():
+        if name != listed_apart:
+            print(f"{name}={value}")
 
 
 def _watch_stats(args: argparse.Namespace) -> int:
