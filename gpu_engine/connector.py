@@ -36,6 +36,7 @@ from gpu_engine.kv_cache import KVCache
 from gpu_engine.offer_tracker import OfferTracker
 from kvstore.auth import read_token_file
 from kvstore.client import TRANSPORT_CHOICES, Client
+from kvstore.client.pool_client import PoolClient
 from kvstore.client.publishing import BlockPublisher, PublishStats
 from kvstore.config import option
 from kvstore.errors import InvalidArgumentError, KVStoreError
@@ -50,7 +51,14 @@ logger = logging.getLogger(__name__)
 class StoreConnectorConfig:
     """Where the store is and how the engine talks to it."""
 
-    store: str = option("", "store node host:port; empty: no store (local prefix cache only)")
+    store: str = option(
+        "",
+        "store node host:port (with --store-pool, any nodes of a pool: host:port,host:port); "
+        "empty: no store (local prefix cache only)",
+    )
+    store_pool: bool = option(
+        False, "the store is a global pool (kvstore serve --cluster): read from every holder"
+    )
     transport: str = option("auto", f"bytes path to the store, one of {TRANSPORT_CHOICES}")
     timeout_s: float = option(5.0, "deadline of every store call")
     load_batch_blocks: int = option(64, "blocks per get; a failed batch loses only itself")
@@ -81,7 +89,8 @@ class ConnectorStats(NamedTuple):
 
 
 class StoreConnector(KVConnector):
-    """A `KVConnector` over `kvstore.client.Client`; see the module docstring.
+    """A `KVConnector` over `kvstore.client.Client` (a `PoolClient` with `store_pool`); see
+    the module docstring.
 
     Args:
         config: store address and limits.
@@ -94,12 +103,15 @@ class StoreConnector(KVConnector):
         self.config = config
         self._clock = clock
         token = read_token_file(config.store_token_file) if config.store_token_file else ""
-        self._client = Client(
-            config.store,
-            timeout_s=config.timeout_s,
-            transport=config.transport,
-            auth_token=token,
-            tls_ca=config.store_tls_ca,
+        settings = {
+            "transport": config.transport,
+            "auth_token": token,
+            "tls_ca": config.store_tls_ca,
+        }
+        self._client: Client | PoolClient = (
+            PoolClient(config.store.split(","), read_deadline_s=config.timeout_s, **settings)
+            if config.store_pool
+            else Client(config.store, timeout_s=config.timeout_s, **settings)
         )
         self._namespace_id: bytes | None = None
         self._skip_until = 0.0

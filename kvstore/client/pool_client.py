@@ -31,6 +31,8 @@ import grpc
 from kvstore import errors
 from kvstore.client.client import Client
 from kvstore.client.common import Buffer, GetResult
+from kvstore.dataplane.base import DataPlaneClient
+from kvstore.dataplane.buffers import as_transfer_buffer
 from kvstore.keys import Namespace
 from kvstore.results import Located, MatchResult, NamespaceInfo, PutResult
 
@@ -99,6 +101,10 @@ class PoolClient:
         now = time.monotonic()
         with self._lock:
             return sorted(a for a, until in self._failing.items() if until > now)
+
+    def data_plane(self) -> DataPlaneClient | None:
+        """The home node's data-plane connection (made now: not inside a first request)."""
+        return self._client(self._home()).data_plane()
 
     # -- control -------------------------------------------------------------------------
 
@@ -245,7 +251,12 @@ class PoolClient:
                 self._copying.discard(chain)
             return
         target = targets[hash(chain) % len(targets)]
-        blocks = [bytes(memoryview(b).cast("B")) for b in buffers[: len(keys)]]  # theirs reused
+        views = [as_transfer_buffer(b, writable=False) for b in buffers[: len(keys)]]
+        if any(v.is_device for v in views):  # copies are made from host memory only
+            with self._lock:
+                self._copying.discard(chain)
+            return
+        blocks = [bytes(v.obj) for v in views]  # the caller reuses its buffers
         self._copier.submit(self._copy, target, namespace_id, list(keys), blocks, chain)
 
     def _copy(

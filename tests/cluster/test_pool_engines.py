@@ -1,0 +1,40 @@
+"""Two `kvstore engine` processes on two nodes of one pool (`--store-pool`): what the first
+computes and publishes to its node, the second loads from that node through its own node's
+lookup, with the same output; and with that node SIGKILLed the second engine still answers
+the same tokens, recomputing (a node's failure never raises in an engine)."""
+
+from __future__ import annotations
+
+from gpu_engine.sampling import SamplingParams
+from kvstore.client import Client
+from tests.cluster.test_pool_nodes import _serve
+from tests.conftest import wait_until
+from tests.engine.test_engine_service import BLOCK, ENGINE_FLAGS, _prompt
+
+GREEDY = SamplingParams(max_tokens=5)
+
+
+def test_an_engine_loads_what_another_published_on_another_node(
+    store_factory, engine_factory, redis_single
+):
+    n1, n2 = (_serve(store_factory, redis_single.url, name) for name in ("n1", "n2"))
+    first = engine_factory("--store", n1.address, "--store-pool", *ENGINE_FLAGS)
+    second = engine_factory("--store", n2.address, "--store-pool", *ENGINE_FLAGS)
+    prompt = _prompt(7, 6 * BLOCK + 3)
+
+    out = first.generate(prompt, GREEDY)
+    wait_until(lambda: first.load().num_pending_blocks == 0, 30.0, "blocks published")
+    with Client(n1.address, transport="grpc") as c:
+        assert c.stats().num_blocks >= 6  # on the first engine's node
+        wait_until(lambda: c.pool_status().num_published >= 6, 5.0, "filed in the index")
+    with Client(n2.address, transport="grpc") as c:
+        assert c.stats().num_blocks == 0  # none on the second's
+
+    loaded = second.generate(prompt, GREEDY)
+    assert loaded.usage.store_cached_tokens == 6 * BLOCK  # read from n1
+    assert loaded.output_token_ids == out.output_token_ids
+
+    n1.kill()
+    again = second.generate(prompt, GREEDY)  # its blocks located on a dead node, or not
+    assert again.output_token_ids == out.output_token_ids
+    assert second.load().num_running == 0
