@@ -122,7 +122,8 @@ class Conductor:
         cluster: the live view over them, instances in `roles` order.
         policy: decides every request; the same object the simulator drives.
         namespace: the engines' KV namespace (block keys are computed in it).
-        store: the store the engines publish to (pool prefix matches); None: no pool.
+        store: the store the engines publish to (pool prefix matches: a node of a global
+            pool answers for the whole pool); None: no pool.
         clock: seconds, monotonic; the view's clock is it minus its value at construction.
         seed: seeds the seeds drawn for unseeded sampling.
     """
@@ -214,8 +215,8 @@ class Conductor:
     async def _pool_match(self, blocks: PromptBlocks) -> int:
         if self.store is None or not blocks.keys:
             return 0
-        try:
-            return (await self.store.match(self.namespace.id, blocks.keys)).num_matched
+        try:  # Locate: this node's prefix, or the whole pool's where the node is in one
+            return (await self.store.locate(self.namespace.id, blocks.keys)).num_located
         except KVStoreError as exc:  # a store away is an empty pool, never a failed request
             log.warning("event=pool_match_failed error=%s", type(exc).__name__)
             return 0
