@@ -105,7 +105,11 @@ class Publisher:
 
     def _run(self) -> None:
         while not self._stop.wait(self.flush_s):
-            self.run_once()
+            try:
+                self.run_once()
+            except Exception:  # a bug must not end publishing: log it, file all again
+                log.exception("event=cluster_publisher_error")
+                self._must_rebuild = True
 
     def run_once(self) -> None:
         """One pass: renew, read the others, file what changed and the next slice."""

@@ -18,6 +18,8 @@ from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
 
+from kvstore.errors import InvalidArgumentError
+
 DEFAULT_TIMEOUT_S = 0.5
 Redis = redis.Redis | RedisCluster
 
@@ -42,12 +44,14 @@ def open_redis(url: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> Redis:
             **common,
         )
     if scheme not in ("redis", "rediss", "unix"):
-        raise ValueError(f"not a Redis URL: {url!r} (redis://, rediss://, redis+cluster://)")
+        raise InvalidArgumentError(
+            f"not a Redis URL: {url!r} (redis://, rediss://, redis+cluster://)"
+        )
     return redis.Redis.from_url(url, **common)
 
 
 def _host_port(seed: str) -> tuple[str, int]:
     host, sep, port = seed.strip().rpartition(":")
     if not sep or not port.isdigit():
-        raise ValueError(f"a Redis Cluster seed is HOST:PORT, not {seed!r}")
+        raise InvalidArgumentError(f"a Redis Cluster seed is HOST:PORT, not {seed!r}")
     return host.strip("[]"), int(port)

@@ -1,10 +1,12 @@
 """Faults of a pool over real nodes and a real Redis: a writer that dies mid-put is never in
 the index and its reservation is reclaimed; a frozen Redis (SIGSTOP) leaves every node
 serving its own blocks, each lookup answered degraded within a bounded time, and the index
-back once Redis thaws."""
+back once Redis thaws; a malformed cluster setting stops `serve` with a typed error."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -60,3 +62,11 @@ def test_a_frozen_redis_leaves_every_node_serving_its_own(store_factory, redis_s
             10.0,
             "filed again once Redis is back",
         )
+
+
+def test_a_malformed_cluster_setting_stops_serve_with_a_typed_error():
+    for url, said in [("http://x:1", "not a Redis URL"), ("redis+cluster://a,b", "HOST:PORT")]:
+        cmd = [sys.executable, "-m", "kvstore.cli", "serve", "--port", "0", "--cluster", url]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        assert done.returncode != 0
+        assert "InvalidArgumentError: " in done.stderr and said in done.stderr
