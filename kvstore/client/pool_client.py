@@ -43,7 +43,7 @@ SPREAD_BLOCKS = 32  # consecutive blocks read from one holder where several hold
 HOT_READS = 2  # reads of a chain that make it hot
 MAX_COPIES = 2  # holders a hot chain is copied up to: the replica budget
 MAX_TRACKED = 4096  # chains whose reads are counted (the least recent forgotten)
-MEMBERS_TTL_S = 5.0  # how long the pool's member list is taken as current
+MEMBERS_TTL_S = 1.0  # how long the pool's member list is taken as current
 
 
 class PoolClient:
