@@ -90,13 +90,14 @@ def _cmd_stats(args: argparse.Namespace) -> int:
 
 
 def _pool_stats(args: argparse.Namespace) -> int:
-    """The pool as the node sees it: its part in the index, then a line per live member."""
+    """The pool as the node sees it: its part in the index, then a line per live member
+    (its planes and tiers by name: a map's order on the wire is no order)."""
     with _client(args) as client:
         report = client.pool_status()
     _print_fields(report._asdict(), "members")
     for member in report.members:
-        where = " ".join(f"{plane}={address}" for plane, address in member.addresses.items())
-        capacity = " ".join(f"{tier}_bytes={n}" for tier, n in member.capacity.items())
+        where = " ".join(f"{plane}={at}" for plane, at in sorted(member.addresses.items()))
+        capacity = " ".join(f"{tier}_bytes={n}" for tier, n in sorted(member.capacity.items()))
         print(f"member={member.node_id} {where} {capacity}")
     return 0
 

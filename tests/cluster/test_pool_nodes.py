@@ -74,7 +74,7 @@ def test_a_chain_is_located_through_any_node(store_factory, redis_single):
     cmd = [sys.executable, "-m", "kvstore.cli", "stats", "--cluster", "--address", n2.address]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=60).stdout
     assert "in_pool=True" in out and "redis_ok=True" in out
-    assert f"member=n1 grpc={n1.address} dram_bytes={16 << 20}" in out
+    assert f"member=n1 grpc={n1.address} dram_bytes={16 << 20} ssd_bytes=0" in out
 
 
 def test_a_killed_nodes_blocks_are_misses_within_its_ttl(store_factory, redis_single):
