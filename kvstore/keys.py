@@ -13,6 +13,7 @@ import hashlib
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -30,6 +31,33 @@ _DTYPE_BYTES = {
     "uint8": 1,
 }
 _UINT32_TYPECODE = next(code for code in "IL" if array.array(code).itemsize == 4)
+# Blocks are grouped in runs of this many along their chain, each group named by its first
+# key: a mirror of the index keeps a group together (one Redis Cluster slot), a chain's
+# lookup reads one group per run, and a pool places a chain on its nodes in pieces that
+# never straddle a group. Every node and client of a pool uses this value.
+CHAIN_GROUP_BLOCKS = 32
+MAX_CHAIN_DEPTH = 1 << 24  # blocks along one chain a stated position may name
+
+
+class ChainPosition(NamedTuple):
+    """Where a block whose parent is held on another node of a pool sits in its chain:
+    `depth` blocks come before it, and `group` is the first key of its chain group (the
+    block's own key where `depth` is a multiple of `CHAIN_GROUP_BLOCKS`)."""
+
+    depth: int
+    group: bytes
+
+    def check(self, key: bytes) -> None:
+        """Raises `InvalidArgumentError` unless this is a position block `key` can have."""
+        if not 0 < self.depth < MAX_CHAIN_DEPTH:
+            raise InvalidArgumentError(f"a chain depth of {self.depth} is out of range")
+        if len(self.group) != KEY_BYTES:
+            raise InvalidArgumentError(f"a chain group is named by a key of {KEY_BYTES} bytes")
+        if (self.depth % CHAIN_GROUP_BLOCKS == 0) != (self.group == key):
+            raise InvalidArgumentError(
+                "a block opens its chain group exactly where its depth is a multiple of "
+                f"{CHAIN_GROUP_BLOCKS}, and names itself as the group's first key then"
+            )
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore.keys import KVLayout, Namespace
+from kvstore.keys import ChainPosition, KVLayout, Namespace
 from kvstore.limits import LAYOUT_FIELDS, NamespaceLimits
 from kvstore.results import (
     Located,
@@ -67,6 +67,13 @@ def match_from_pb(msg: pb.MatchResponse) -> MatchResult:
 
 def parents_from_pb(parent_keys: Sequence[bytes]) -> list[bytes | None] | None:
     return [p or None for p in parent_keys] if parent_keys else None
+
+
+def position_from_pb(request: pb.ReserveRequest) -> ChainPosition | None:
+    """The first key's stated place in its chain; None where none is stated."""
+    if not request.chain_depth:
+        return None
+    return ChainPosition(request.chain_depth, request.chain_group)
 
 
 def parents_to_pb(parents: Sequence[bytes | None] | None) -> list[bytes]:

@@ -78,14 +78,18 @@ class MatchResponse(_message.Message):
     def __init__(self, num_matched: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[Tier, str]]] = ...) -> None: ...
 
 class ReserveRequest(_message.Message):
-    __slots__ = ("namespace_id", "keys", "parent_keys")
+    __slots__ = ("namespace_id", "keys", "parent_keys", "chain_depth", "chain_group")
     NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     PARENT_KEYS_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_GROUP_FIELD_NUMBER: _ClassVar[int]
     namespace_id: bytes
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     parent_keys: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, namespace_id: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., parent_keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    chain_depth: int
+    chain_group: bytes
+    def __init__(self, namespace_id: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., parent_keys: _Optional[_Iterable[bytes]] = ..., chain_depth: _Optional[int] = ..., chain_group: _Optional[bytes] = ...) -> None: ...
 
 class ReserveResponse(_message.Message):
     __slots__ = ("reservation_id", "statuses")

@@ -18,7 +18,7 @@ from kvstore import errors, wire
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.client.common import Buffer, as_bytes_view, blocks_to_write, put_result
 from kvstore.dataplane.base import Admission
-from kvstore.keys import Namespace
+from kvstore.keys import ChainPosition, Namespace
 from kvstore.results import (
     NO_RESERVATION,
     Located,
@@ -73,10 +73,15 @@ def match(namespace_id: bytes, keys: Sequence[bytes]) -> Call[MatchResult]:
 
 
 def reserve(
-    namespace_id: bytes, keys: Sequence[bytes], parents: Sequence[bytes | None] | None
+    namespace_id: bytes,
+    keys: Sequence[bytes],
+    parents: Sequence[bytes | None] | None,
+    position: ChainPosition | None = None,
 ) -> Call[ReserveResult]:
     parent_keys = wire.parents_to_pb(parents)
     request = pb.ReserveRequest(namespace_id=namespace_id, keys=keys, parent_keys=parent_keys)
+    if position is not None:
+        request.chain_depth, request.chain_group = position
     return Call("store", "Reserve", request, wire.reserve_from_pb)
 
 
@@ -129,11 +134,12 @@ def put_steps(
     blocks: Sequence[Buffer],
     parents: Sequence[bytes | None] | None,
     chunk_bytes: int,
+    position: ChainPosition | None = None,
 ) -> Steps[PutResult]:
     """A put over gRPC: reserve, write what was reserved, commit; on any failure, abort
     (quietly: an expired or unreachable reservation is freed at its deadline anyway) and
     raise. Nothing becomes visible unless the commit succeeds."""
-    reserved: ReserveResult = yield reserve(namespace_id, keys, parents)
+    reserved: ReserveResult = yield reserve(namespace_id, keys, parents, position)
     if reserved.num_reserved:
         rid = reserved.reservation_id
         try:

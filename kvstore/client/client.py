@@ -42,7 +42,7 @@ from kvstore.dataplane.base import Admission, DataPlaneClient
 from kvstore.dataplane.buffers import as_transfer_buffer
 from kvstore.dataplane.retry import REFUSALS
 from kvstore.dataplane.shm.client import ShmClient
-from kvstore.keys import Namespace
+from kvstore.keys import ChainPosition, Namespace
 from kvstore.results import (
     Located,
     MatchResult,
@@ -205,16 +205,19 @@ class Client(NodeChannel):
         keys: Sequence[bytes],
         blocks: Sequence[Buffer],
         parents: Sequence[bytes | None] | None = None,
+        position: ChainPosition | None = None,
     ) -> PutResult:
         """Stores `blocks` under `keys` (reserve, write, commit); keys already present
         are skipped. On failure the reservation is aborted and nothing becomes visible.
-        Over the data plane each block carries a CRC32C the node checks before commit."""
+        Over the data plane each block carries a CRC32C the node checks before commit.
+        `position`: the first key's parent is held on another node of the pool, and this
+        is the first key's place in its chain (such a put goes over gRPC)."""
         check_blocks(keys, blocks)
-        dataplane = self.data_plane() if keys else None
+        dataplane = self.data_plane() if keys and position is None else None
         if dataplane is not None:
             block_bytes = as_transfer_buffer(blocks[0], writable=False).nbytes
             return put_result(dataplane.put(namespace_id, keys, blocks, parents, block_bytes))
-        steps = calls.put_steps(namespace_id, keys, blocks, parents, self.chunk_bytes)
+        steps = calls.put_steps(namespace_id, keys, blocks, parents, self.chunk_bytes, position)
         return calls.drive(steps, self._run)
 
     def put_chain(
@@ -223,9 +226,10 @@ class Client(NodeChannel):
         keys: Sequence[bytes],
         blocks: Sequence[Buffer],
         parent: bytes | None = None,
+        position: ChainPosition | None = None,
     ) -> PutResult:
         """`put` of consecutive blocks of one chain that continues after `parent`."""
-        return self.put(namespace_id, keys, blocks, [parent, *keys[:-1]])
+        return self.put(namespace_id, keys, blocks, [parent, *keys[:-1]], position)
 
     def get(self, namespace_id: bytes, keys: Sequence[bytes]) -> GetResult:
         """Committed blocks among `keys` over gRPC; misses are None."""

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from kvstore.cluster.membership import PREFIX, Member
 from kvstore.cluster.redis_link import Redis
-from kvstore.store.index import CHAIN_GROUP_BLOCKS
+from kvstore.keys import CHAIN_GROUP_BLOCKS
 from kvstore.store.inventory import Holding
 
 TAG_BYTES = 8  # of the namespace id and of the group key each

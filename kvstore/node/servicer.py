@@ -89,8 +89,10 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     @_unary
     async def Reserve(self, request, context):
         parents = wire.parents_from_pb(request.parent_keys)
+        position = wire.position_from_pb(request)
         caller = self._caller(context)
-        res = self.store.reserve(request.namespace_id, list(request.keys), parents, caller)
+        keys = list(request.keys)
+        res = self.store.reserve(request.namespace_id, keys, parents, caller, position)
         return wire.reserve_to_pb(res.result)
 
     @_unary

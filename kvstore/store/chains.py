@@ -28,18 +28,21 @@ def check_parents(
     keys: Sequence[bytes],
     parents: Sequence[bytes | None],
     is_new: Sequence[bool],
+    first_parent_elsewhere: bool = False,
 ) -> None:
     """Raises a `BadParentError` unless every link of a reserve call is allowed.
 
     `is_new[i]`: whether `keys[i]` will be reserved (the others keep the links they have).
-    Changes nothing.
+    `first_parent_elsewhere`: the first key's parent is held on another node of a pool,
+    so it need not be committed here. Changes nothing.
     """
     earlier: set[bytes] = set()
     for i, (key, parent) in enumerate(zip(keys, parents, strict=True)):
         if parent == key:
             raise errors.ChainCycleError(f"key {i} names itself as its parent")
         is_committed = parent is not None and index.readable(namespace_id, parent) is not None
-        if parent is not None and parent not in earlier and not is_committed:
+        is_elsewhere = i == 0 and first_parent_elsewhere
+        if parent is not None and parent not in earlier and not is_committed and not is_elsewhere:
             raise errors.UnknownParentError(
                 f"the parent of key {i} is neither committed in this namespace nor earlier in "
                 "this call (evicted, removed or never stored): the chain is cut there"

@@ -12,15 +12,11 @@ import enum
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from kvstore.keys import KEY_BYTES
+from kvstore.keys import CHAIN_GROUP_BLOCKS, KEY_BYTES
 from kvstore.store.inventory import Inventory
 from kvstore.store.tiers.base import Slot
 
 BLOCK_ID_BYTES = 2 * KEY_BYTES
-# Blocks are grouped in runs of this many along their chain, each group named by its first
-# key (`Entry.group`): a mirror of the index keeps a group together (one Redis Cluster slot)
-# and a chain's lookup reads one group per run. Every node of a cluster uses this value.
-CHAIN_GROUP_BLOCKS = 32
 
 
 def block_id(namespace_id: bytes, key: bytes) -> bytes:
@@ -148,13 +144,13 @@ class BlockIndex:
 
     def _link(self, entry: Entry, parent: Entry | None) -> None:
         """Places `entry` under `parent` (None: a root, or a parent not indexed)."""
-        if entry.parent_id is None:
-            entry.depth, entry.group = 0, entry.key
-        elif parent is None or parent.depth < 0:
-            entry.depth, entry.group = -1, None
-        else:
+        if parent is not None and parent.depth >= 0:
             entry.depth = parent.depth + 1
             entry.group = entry.key if entry.depth % CHAIN_GROUP_BLOCKS == 0 else parent.group
+        elif entry.parent_id is None:
+            entry.depth, entry.group = 0, entry.key
+        elif entry.depth < 0 or entry.group is None:  # not a position its writer stated
+            entry.depth, entry.group = -1, None
 
     def is_named_parent(self, bid: bytes) -> bool:
         """Whether an indexed entry names block `bid` as its parent (present or not)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvstore import errors
-from kvstore.keys import KEY_BYTES
+from kvstore.keys import KEY_BYTES, ChainPosition
 
 
 def check_keys(keys: Sequence[bytes], max_batch_keys: int) -> None:
@@ -34,3 +34,15 @@ def check_parents(
     if any(p is not None and len(p) != KEY_BYTES for p in parents):
         raise errors.BadKeyError(f"parent keys must be {KEY_BYTES} bytes")
     return list(parents)
+
+
+def check_position(
+    keys: Sequence[bytes], parents: Sequence[bytes | None], position: ChainPosition | None
+) -> None:
+    """Raises `InvalidArgumentError` unless `position` (of the first key) is None, or one
+    the first key can have after a parent held elsewhere."""
+    if position is None:
+        return
+    if not keys or parents[0] is None:
+        raise errors.InvalidArgumentError("a chain position is stated for a first key's parent")
+    position.check(keys[0])

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from kvstore.keys import Namespace
+from kvstore.keys import ChainPosition, Namespace
 from kvstore.results import (
     NO_RESERVATION,
     MatchResult,
@@ -203,6 +203,7 @@ class Store:
         keys: Sequence[bytes],
         parents: Sequence[bytes | None] | None = None,
         caller: Caller = LOCAL,
+        position: ChainPosition | None = None,
     ) -> Reservation:
         """Allocates a slot for each key not yet present, evicting as needed.
 
@@ -210,7 +211,10 @@ class Store:
         this namespace or earlier in `keys`, never the key itself (else a `BadParentError`,
         see `kvstore.store.chains`). A parent that is only in the public namespace the
         caller reads beneath its own (its chain goes on from a published prefix) is taken
-        as no parent: chains never cross namespaces. All or nothing: raises
+        as no parent: chains never cross namespaces. `position`: the first key's parent is
+        held on another node of a pool, and the first key sits there in its chain (it need
+        not be committed here; `InvalidArgumentError` for a position that cannot be, or
+        one without a parent). All or nothing: raises
         `StoreFullError` and reserves nothing if any slot cannot be had. A call with
         nothing to reserve (every key present or in flight) opens no reservation (its id is
         `NO_RESERVATION`). The reservation counts against the caller's owner
@@ -221,12 +225,13 @@ class Store:
             internal = caller.namespaces.write_id(namespace_id, self._namespaces.__contains__)
             self._check_keys(internal, keys)
             parents = key_checks.check_parents(keys, parents)
+            key_checks.check_position(keys, parents, position)
             public = self._read_ids(namespace_id, caller)[1]
             if public is not None:
                 parents = self._own_parents(internal, public, keys, parents)
             statuses = tuple(self._put_status(internal, k) for k in keys)
             is_new = [s is PutStatus.RESERVED for s in statuses]
-            chains.check_parents(self._index, internal, keys, parents, is_new)
+            chains.check_parents(self._index, internal, keys, parents, is_new, position is not None)
             todo = [i for i, new in enumerate(is_new) if new]
             parent_entries = [self._index.readable(internal, p) for p in parents if p]
             self._tiering.touch([e for e in parent_entries if e is not None])
@@ -239,6 +244,8 @@ class Store:
                 i: Entry(keys[i], internal, parents[i], block_bytes, slot)
                 for i, slot in zip(todo, slots, strict=True)
             }
+            if position is not None and 0 in entries:
+                entries[0].depth, entries[0].group = position
             return self._reservations.open(statuses, entries, caller.owner, caller.tenant)
 
     def reservation(self, reservation_id: int, caller: Caller = LOCAL) -> Reservation:

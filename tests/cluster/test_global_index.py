@@ -13,7 +13,7 @@ from redis.cluster import RedisCluster
 from kvstore.cluster.global_index import GlobalIndex
 from kvstore.cluster.membership import Member, new_generation
 from kvstore.cluster.redis_link import open_redis
-from kvstore.store.index import CHAIN_GROUP_BLOCKS
+from kvstore.keys import CHAIN_GROUP_BLOCKS
 from kvstore.store.inventory import Holding
 from tests.store.store_cases import chain
 

@@ -1,14 +1,18 @@
 """The store's inventory as a mirror reads it (`Store.watch_inventory`): every commit,
 eviction, removal, demotion and promotion is noted with the block's state now; each block
-knows its place and chain group; a restarted store places its recovered blocks again; and
+knows its place and chain group (a piece whose parent another node holds, at the place its
+writer states); a restarted store places its recovered blocks again; and
 past its bound the inventory says it forgot (the mirror then reads every block)."""
 
 from __future__ import annotations
 
-from kvstore.store.index import CHAIN_GROUP_BLOCKS
+import pytest
+
+from kvstore import errors
+from kvstore.keys import CHAIN_GROUP_BLOCKS, MAX_CHAIN_DEPTH, ChainPosition
 from kvstore.store.inventory import Holding
 from tests.store import ssd_fault_cases as ssd
-from tests.store.store_cases import NS, chain, make_store, put
+from tests.store.store_cases import NS, chain, make_store, payload, put
 
 
 def _tiers(holdings: list[Holding]) -> dict[bytes, str | None]:
@@ -97,3 +101,52 @@ def test_past_its_bound_the_inventory_says_it_forgot():
     changed, overflowed = store.inventory_changes()
     assert (len(changed), overflowed) == (2, False)
     assert len(store.holdings(store.held_ids())) == 8
+
+
+def test_a_piece_whose_parent_is_elsewhere_is_filed_at_its_stated_place():
+    store = make_store(num_blocks=128)
+    store.watch_inventory()
+    keys = chain(2 * CHAIN_GROUP_BLOCKS + 4)
+    group_start = CHAIN_GROUP_BLOCKS  # this node holds from here on; another the rest
+    piece = keys[group_start + 5 :]  # starts inside the second group
+    position = ChainPosition(group_start + 5, keys[group_start])
+    res = store.reserve(NS.id, piece, [keys[group_start + 4], *piece[:-1]], position=position)
+    for i, key in enumerate(piece):
+        res.write(i, 0, payload(key))
+    res.commit()
+    groups = {h.key: h.group for h in store.inventory_changes()[0]}
+    for depth in range(group_start + 5, len(keys)):
+        assert groups[keys[depth]] == keys[depth - depth % CHAIN_GROUP_BLOCKS]
+    assert store.match(NS.id, keys).num_matched == 0  # its chain's head is on another node
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["no parent", "depth 0", "depth past the bound", "short group", "aligned, group not itself"],
+)
+def test_a_position_that_cannot_be_is_refused_and_reserves_nothing(case):
+    store = make_store()
+    keys = chain(CHAIN_GROUP_BLOCKS + 2)
+    piece, parent = keys[3:], keys[2]
+    parents: list[bytes | None] = [parent, *piece[:-1]]
+    position = {
+        "no parent": ChainPosition(3, keys[0]),
+        "depth 0": ChainPosition(0, keys[0]),
+        "depth past the bound": ChainPosition(MAX_CHAIN_DEPTH, keys[0]),
+        "short group": ChainPosition(3, keys[0][:8]),
+        "aligned, group not itself": ChainPosition(CHAIN_GROUP_BLOCKS, keys[0]),
+    }[case]
+    if case == "no parent":
+        parents[0] = None
+    if case == "aligned, group not itself":
+        piece, parents = keys[CHAIN_GROUP_BLOCKS:], [keys[CHAIN_GROUP_BLOCKS - 1], keys[-2]]
+    with pytest.raises(errors.InvalidArgumentError):
+        store.reserve(NS.id, piece, parents, position=position)
+    assert store.stats().num_reservations == 0
+
+
+def test_without_a_position_a_parent_held_elsewhere_cuts_the_chain():
+    store = make_store()
+    keys = chain(4)
+    with pytest.raises(errors.UnknownParentError):
+        store.reserve(NS.id, keys[2:], [keys[1], keys[2]])
