@@ -47,6 +47,13 @@ class ChainPosition(NamedTuple):
     depth: int
     group: bytes
 
+    @classmethod
+    def of(cls, chain: Sequence[bytes], start: int) -> ChainPosition | None:
+        """The place of `chain[start]` in `chain` (keys from its root); None at the root."""
+        if start == 0:
+            return None
+        return cls(start, chain[start - start % CHAIN_GROUP_BLOCKS])
+
     def check(self, key: bytes) -> None:
         """Raises `InvalidArgumentError` unless this is a position block `key` can have."""
         if not 0 < self.depth < MAX_CHAIN_DEPTH:
@@ -58,6 +65,20 @@ class ChainPosition(NamedTuple):
                 "a block opens its chain group exactly where its depth is a multiple of "
                 f"{CHAIN_GROUP_BLOCKS}, and names itself as the group's first key then"
             )
+
+
+def chain_groups(keys: Sequence[bytes], position: ChainPosition | None = None) -> list[bytes]:
+    """The chain group (its first key) of each of `keys`, consecutive blocks of one chain
+    the first of which sits at `position` (None: at the chain's root)."""
+    if not keys:
+        return []
+    depth, group = (0, keys[0]) if position is None else position
+    groups = []
+    for i, key in enumerate(keys):
+        if (depth + i) % CHAIN_GROUP_BLOCKS == 0:
+            group = key
+        groups.append(group)
+    return groups
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,7 @@ def parents_from_pb(parent_keys: Sequence[bytes]) -> list[bytes | None] | None:
     return [p or None for p in parent_keys] if parent_keys else None
 
 
-def position_from_pb(request: pb.ReserveRequest) -> ChainPosition | None:
+def position_from_pb(request: pb.ReserveRequest | pb.LocateRequest) -> ChainPosition | None:
     """The first key's stated place in its chain; None where none is stated."""
     if not request.chain_depth:
         return None

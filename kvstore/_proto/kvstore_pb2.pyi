@@ -276,12 +276,16 @@ class DataPlaneInfoResponse(_message.Message):
     def __init__(self, transport: _Optional[str] = ..., server_address: _Optional[bytes] = ..., client_id: _Optional[int] = ..., connection_secret: _Optional[bytes] = ...) -> None: ...
 
 class LocateRequest(_message.Message):
-    __slots__ = ("namespace_id", "keys")
+    __slots__ = ("namespace_id", "keys", "chain_depth", "chain_group")
     NAMESPACE_ID_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_GROUP_FIELD_NUMBER: _ClassVar[int]
     namespace_id: bytes
     keys: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, namespace_id: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    chain_depth: int
+    chain_group: bytes
+    def __init__(self, namespace_id: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., chain_depth: _Optional[int] = ..., chain_group: _Optional[bytes] = ...) -> None: ...
 
 class PoolNode(_message.Message):
     __slots__ = ("node_id", "addresses", "capacity")

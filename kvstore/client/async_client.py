@@ -37,7 +37,7 @@ from kvstore.dataplane.base import Admission, DataPlaneClient
 from kvstore.dataplane.buffers import as_transfer_buffer
 from kvstore.dataplane.retry import REFUSALS
 from kvstore.dataplane.shm.client import ShmClient
-from kvstore.keys import Namespace
+from kvstore.keys import ChainPosition, Namespace
 from kvstore.results import (
     Located,
     MatchResult,
@@ -206,8 +206,10 @@ class AsyncClient(NodeChannel):
     async def stats(self) -> StoreStats:
         return await self._run(calls.stats())
 
-    async def locate(self, namespace_id: bytes, keys: Sequence[bytes]) -> Located:
-        return await self._run(calls.locate(namespace_id, keys))
+    async def locate(
+        self, namespace_id: bytes, keys: Sequence[bytes], position: ChainPosition | None = None
+    ) -> Located:
+        return await self._run(calls.locate(namespace_id, keys, position))
 
     async def pool_status(self) -> PoolReport:
         return await self._run(calls.pool_status())

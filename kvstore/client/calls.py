@@ -112,8 +112,12 @@ def remove(namespace_id: bytes, keys: Sequence[bytes]) -> Call[int]:
     return Call("store", "Remove", request, lambda reply: reply.num_removed)
 
 
-def locate(namespace_id: bytes, keys: Sequence[bytes]) -> Call[Located]:
+def locate(
+    namespace_id: bytes, keys: Sequence[bytes], position: ChainPosition | None = None
+) -> Call[Located]:
     request = pb.LocateRequest(namespace_id=namespace_id, keys=keys)
+    if position is not None:
+        request.chain_depth, request.chain_group = position
     return Call("store", "Locate", request, wire.located_from_pb)
 
 

@@ -248,10 +248,13 @@ class Client(NodeChannel):
     def stats(self) -> StoreStats:
         return self._run(calls.stats())
 
-    def locate(self, namespace_id: bytes, keys: Sequence[bytes]) -> Located:
+    def locate(
+        self, namespace_id: bytes, keys: Sequence[bytes], position: ChainPosition | None = None
+    ) -> Located:
         """Which nodes of the pool hold each block of the longest prefix of `keys` that some
-        live node holds (a node alone answers its own)."""
-        return self._run(calls.locate(namespace_id, keys))
+        live node holds (a node alone answers its own). `position`: where `keys[0]` sits in
+        its chain where it is not the root (`ChainPosition.of`)."""
+        return self._run(calls.locate(namespace_id, keys, position))
 
     def pool_status(self) -> PoolReport:
         """The pool as this node sees it."""

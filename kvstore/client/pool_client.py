@@ -9,11 +9,17 @@ fewer than `max_copies` nodes held every block of it is put once more, off the r
 on another live node (from the blocks just read), so later reads load from both at once.
 `hot_reads=0` turns that off.
 
+Puts are placed (`kvstore.client.placement`): a chain is cut into pieces that never
+straddle a chain group, each put on the node its first key hashes to, weighted by the
+nodes' capacities (the writer's home node where it is one of the two best), all pieces at
+once; a piece whose node fails goes to the next node. A piece whose parent another node
+holds states its place in the chain, so its node files it where lookups find it.
+
 Every read of a node is bounded by `read_deadline_s`. A node that fails or runs past it is
 left out for `quarantine_s` (no call dials it meanwhile) and its blocks are read from
 their next holder; what no live holder gives back is a miss. Nothing a node or Redis does
 raises out of `locate`, `match`, `get` or `get_into`: it becomes misses, and the caller
-recomputes. Puts go to the node this client calls home (the first seed that answers).
+recomputes. The client's home node is the first seed that answers.
 """
 
 from __future__ import annotations
@@ -29,11 +35,12 @@ from typing import Any
 import grpc
 
 from kvstore import errors
+from kvstore.client import placement
 from kvstore.client.client import Client
-from kvstore.client.common import Buffer, GetResult
+from kvstore.client.common import Buffer, GetResult, check_blocks
 from kvstore.dataplane.base import DataPlaneClient
 from kvstore.dataplane.buffers import as_transfer_buffer
-from kvstore.keys import Namespace
+from kvstore.keys import ChainPosition, Namespace
 from kvstore.results import Located, MatchResult, NamespaceInfo, PutResult
 
 log = logging.getLogger("kvstore.client")
@@ -78,7 +85,7 @@ class PoolClient:
         self.num_copies = 0  # hot chains copied to another node
         self._reads: OrderedDict[tuple[bytes, bytes], int] = OrderedDict()  # chain -> reads
         self._copying: set[tuple[bytes, bytes]] = set()
-        self._members: tuple[float, list[str]] = (0.0, [])  # read at, their gRPC addresses
+        self._members: tuple[float, dict[str, int]] = (0.0, {})  # read at, capacities
         self._copier = concurrent.futures.ThreadPoolExecutor(1, "kvstore-pool-copy")
 
     def __enter__(self) -> PoolClient:
@@ -116,17 +123,22 @@ class PoolClient:
             self._namespaces[info.namespace_id] = namespace
         return info
 
-    def locate(self, namespace_id: bytes, keys: Sequence[bytes]) -> Located:
+    def locate(
+        self, namespace_id: bytes, keys: Sequence[bytes], position: ChainPosition | None = None
+    ) -> Located:
         """Where each block of the longest prefix of `keys` is held; empty where no node
-        answers."""
+        answers. `position`: where `keys[0]` sits in its chain where it is not the root
+        (`ChainPosition.of`); the same for `match`, `get` and `get_into`."""
         try:
-            return self._on_home(lambda client: client.locate(namespace_id, keys))
+            return self._on_home(lambda client: client.locate(namespace_id, keys, position))
         except NODE_FAILURES as exc:
             log.info("event=pool_locate_failed error=%s", exc)
             return Located((), ())
 
-    def match(self, namespace_id: bytes, keys: Sequence[bytes]) -> MatchResult:
-        located = self.locate(namespace_id, keys)
+    def match(
+        self, namespace_id: bytes, keys: Sequence[bytes], position: ChainPosition | None = None
+    ) -> MatchResult:
+        located = self.locate(namespace_id, keys, position)
         return MatchResult(located.num_located, tuple(b[0][1] for b in located.blocks))
 
     def put_chain(
@@ -135,18 +147,78 @@ class PoolClient:
         keys: Sequence[bytes],
         blocks: Sequence[Buffer],
         parent: bytes | None = None,
+        position: ChainPosition | None = None,
     ) -> PutResult:
-        """Puts consecutive blocks of one chain on the home node; raises what it raises."""
-        return self._on_home(lambda client: client.put_chain(namespace_id, keys, blocks, parent))
+        """Puts consecutive blocks of one chain that continues after `parent`, placed over
+        the pool's live nodes. `position`: where `keys[0]` sits in its chain
+        (`ChainPosition.of`); a put with a parent and no position continues its chain on
+        the home node. Where no piece was stored, raises what a node that refused one raised, or
+        `UnavailableError`."""
+        check_blocks(keys, blocks)
+        if parent is not None and position is None:
+            return self._on_home(
+                lambda client: client.put_chain(namespace_id, keys, blocks, parent)
+            )
+        home = self._home()
+        members = {a: c for a, c in self._live_members().items() if not self._is_failing(a)}
+        pieces = placement.place(keys, position, members or {home: 0}, home)
+        results = self._put_pieces(namespace_id, keys, blocks, parent, pieces)
+        failed = [p for p, result in zip(pieces, results, strict=True) if result is None]
+        if failed:  # placed again without the nodes that failed (home where none is left)
+            members = {a: c for a, c in members.items() if not self._is_failing(a)}
+            again = [
+                p._replace(address=placement.choose(keys[p.start], members, home)) for p in failed
+            ]
+            results = [r for r in results if r is not None]
+            results += self._put_pieces(namespace_id, keys, blocks, parent, again)
+        done = [r for r in results if isinstance(r, PutResult)]
+        if done:
+            return PutResult(*(sum(column) for column in zip(*done, strict=True)))
+        refused = [r for r in results if isinstance(r, BaseException)]
+        raise refused[0] if refused else errors.UnavailableError("no node took the put")
+
+    def _put_pieces(
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        blocks: Sequence[Buffer],
+        parent: bytes | None,
+        pieces: Sequence[placement.Piece],
+    ) -> list[PutResult | BaseException | None]:
+        """Each piece put on its node, at once; what each returned, or raised where the
+        node answered and refused (None where the node failed, and is left out)."""
+
+        def put(piece: placement.Piece) -> PutResult | BaseException | None:
+            first_parent = parent if piece.start == 0 else keys[piece.start - 1]
+            run = slice(piece.start, piece.stop)
+            try:
+                client = self._client(piece.address)
+                self._register(client, piece.address, namespace_id)
+                return client.put_chain(
+                    namespace_id, keys[run], blocks[run], first_parent, piece.position
+                )
+            except NODE_FAILURES as exc:
+                if _is_refusal(exc):
+                    return exc
+                self._leave_out(piece.address, exc)
+                return None
+
+        if len(pieces) == 1:
+            return [put(pieces[0])]
+        return list(self._readers.map(put, pieces))
 
     # -- reads ---------------------------------------------------------------------------
 
     def get_into(
-        self, namespace_id: bytes, keys: Sequence[bytes], buffers: Sequence[Any]
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        buffers: Sequence[Any],
+        position: ChainPosition | None = None,
     ) -> tuple[bool, ...]:
         """Reads the located prefix of `keys` into `buffers` (one per key, the block size
         each), from several nodes at once; returns which keys were read."""
-        located = self.locate(namespace_id, keys)
+        located = self.locate(namespace_id, keys, position)
         found = [False] * len(keys)
         todo = {i: self._holders(located, i) for i in range(located.num_located)}
         while todo:
@@ -163,18 +235,17 @@ class PoolClient:
                     todo[i] = [a for a in todo[i] if a != address]
             todo = {i: holders for i, holders in todo.items() if not found[i] and holders}
         read = next((i for i, hit in enumerate(found) if not hit), len(found))
-        if read and self.hot_reads > 0:
+        if read and self.hot_reads > 0 and position is None:  # copies are of whole chains
             self._note_read(namespace_id, keys[:read], located, buffers)
         return tuple(found)
 
-    def get(self, namespace_id: bytes, keys: Sequence[bytes]) -> GetResult:
+    def get(
+        self, namespace_id: bytes, keys: Sequence[bytes], position: ChainPosition | None = None
+    ) -> GetResult:
         """The located prefix of `keys`, read from the pool; misses are None."""
-        located = self.locate(namespace_id, keys)
-        if not located.num_located:
-            return GetResult((None,) * len(keys))
         block_bytes = self._block_bytes(namespace_id)
         buffers = [bytearray(block_bytes) for _ in keys]
-        found = self.get_into(namespace_id, keys, buffers)
+        found = self.get_into(namespace_id, keys, buffers, position)
         return GetResult(tuple(b if hit else None for b, hit in zip(buffers, found, strict=True)))
 
     def _read_all(
@@ -280,16 +351,21 @@ class PoolClient:
                 self._copying.discard(chain)
                 self._reads.pop(chain, None)
 
-    def _live_members(self) -> list[str]:
-        """The gRPC addresses of the pool's live members, as the home node last said."""
+    def _live_members(self) -> dict[str, int]:
+        """The pool's live members as the home node last said: gRPC address -> capacity
+        (bytes, all tiers)."""
         read_at, members = self._members
         if time.monotonic() - read_at < MEMBERS_TTL_S:
             return members
         try:
             report = self._on_home(lambda client: client.pool_status())
         except NODE_FAILURES:
-            return []
-        members = [m.addresses["grpc"] for m in report.members if m.addresses.get("grpc")]
+            return {}
+        members = {
+            m.addresses["grpc"]: sum(m.capacity.values())
+            for m in report.members
+            if m.addresses.get("grpc")
+        }
         self._members = (time.monotonic(), members)
         return members
 
@@ -316,9 +392,7 @@ class PoolClient:
             try:
                 return call(self._client(address))
             except NODE_FAILURES as exc:
-                if isinstance(exc, errors.KVStoreError) and not isinstance(
-                    exc, errors.UnavailableError | errors.DeadlineExceededError
-                ):
+                if _is_refusal(exc):
                     raise  # the node answered: the call itself was refused
                 self._leave_out(address, exc)
                 last = exc
@@ -357,3 +431,10 @@ class PoolClient:
         with self._lock:
             self._failing[address] = time.monotonic() + self.quarantine_s
         log.info("event=pool_node_left_out address=%s error=%s", address, exc)
+
+
+def _is_refusal(exc: BaseException) -> bool:
+    """Whether a node answered and refused the call (not failed to answer)."""
+    return isinstance(exc, errors.KVStoreError) and not isinstance(
+        exc, errors.UnavailableError | errors.DeadlineExceededError
+    )

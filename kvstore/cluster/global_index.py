@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from kvstore.cluster.membership import PREFIX, Member
 from kvstore.cluster.redis_link import Redis
-from kvstore.keys import CHAIN_GROUP_BLOCKS
+from kvstore.keys import CHAIN_GROUP_BLOCKS, ChainPosition, chain_groups
 from kvstore.store.inventory import Holding
 
 TAG_BYTES = 8  # of the namespace id and of the group key each
@@ -103,35 +103,39 @@ class GlobalIndex:
         return num_filed
 
     def locate(
-        self, namespace_id: bytes, keys: Sequence[bytes], live: Mapping[str, Member]
+        self,
+        namespace_id: bytes,
+        keys: Sequence[bytes],
+        live: Mapping[str, Member],
+        position: ChainPosition | None = None,
     ) -> list[list[Holder]]:
-        """The live holders of each block of the longest prefix of chain `keys` (from its
-        root) that some live node holds, in one pipelined round. Raises `redis.RedisError`."""
+        """The live holders of each block of the longest prefix of `keys` (consecutive
+        blocks of a chain, the first at `position`; None: from its root) that some live
+        node holds, in one pipelined round. Raises `redis.RedisError`."""
         if not keys:
             self.locates += 1
             return []
+        names = [
+            self.block_key(namespace_id, group, key)
+            for key, group in zip(keys, chain_groups(keys, position), strict=True)
+        ]
         pipe = self.redis.pipeline(transaction=False)
-        for start in range(0, len(keys), CHAIN_GROUP_BLOCKS):
-            run = keys[start : start + CHAIN_GROUP_BLOCKS]
-            names = [self.block_key(namespace_id, run[0], key) for key in run]
-            pipe.execute_command("EVAL", _READ_GROUP, len(names), *names)  # one slot
+        for run in _runs_of_groups(names, position):
+            pipe.execute_command("EVAL", _READ_GROUP, len(run), *run)  # one slot
         self.locates += 1
         groups = pipe.execute()
         self.rounds += 1
         self.locate_rounds += 1
         answers = [_as_fields(flat) for group in groups for flat in group]
-        found = [self._live_holders(namespace_id, keys, i, f, live) for i, f in enumerate(answers)]
+        found = [self._live_holders(names[i], f, live) for i, f in enumerate(answers)]
         gap = next((i for i, holders in enumerate(found) if not holders), len(found))
         return found[:gap]
 
     def _live_holders(
-        self,
-        namespace_id: bytes,
-        keys: Sequence[bytes],
-        i: int,
-        fields: Mapping[bytes, bytes],
-        live: Mapping[str, Member],
+        self, name: bytes, fields: Mapping[bytes, bytes], live: Mapping[str, Member]
     ) -> list[Holder]:
+        """The live holders among the fields of index key `name`; a field its node filed
+        under an earlier generation is noted, to be removed at the next publish."""
         holders = []
         for node, value in fields.items():
             generation, _, tier = value.decode("ascii", "replace").partition(" ")
@@ -139,8 +143,7 @@ class GlobalIndex:
             if member is not None and member.generation == generation and tier in _TIERS:
                 holders.append(Holder(member, tier))
             elif member is not None:  # its node restarted since: this field is dead
-                key = self.block_key(namespace_id, keys[i - i % CHAIN_GROUP_BLOCKS], keys[i])
-                self._stale.append((key, node, value))
+                self._stale.append((name, node, value))
         holders.sort(key=lambda h: (_TIERS.index(h.tier), h.member.node_id))
         return holders
 
@@ -148,3 +151,14 @@ class GlobalIndex:
 def _as_fields(flat: Sequence[bytes]) -> dict[bytes, bytes]:
     """A hash's fields from HGETALL's flat reply inside a script."""
     return {bytes(flat[i]): bytes(flat[i + 1]) for i in range(0, len(flat) - 1, 2)}
+
+
+def _runs_of_groups(names: list[bytes], position: ChainPosition | None) -> list[list[bytes]]:
+    """`names` (one per block, in chain order) cut where a chain group ends."""
+    depth = 0 if position is None else position.depth
+    runs: list[list[bytes]] = []
+    for i, name in enumerate(names):
+        if i == 0 or (depth + i) % CHAIN_GROUP_BLOCKS == 0:
+            runs.append([])
+        runs[-1].append(name)
+    return runs

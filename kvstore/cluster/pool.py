@@ -22,6 +22,7 @@ from kvstore.cluster.membership import Member, Membership, new_generation
 from kvstore.cluster.publisher import Publisher
 from kvstore.cluster.redis_link import open_redis
 from kvstore.cluster.settings import PoolSettings
+from kvstore.keys import ChainPosition
 from kvstore.results import Located, MatchResult, PoolNode, PoolReport
 from kvstore.store import Store
 
@@ -68,14 +69,17 @@ class Pool:
             self.publisher.stop(leave=True)
         self.redis.close()
 
-    def locate(self, namespace_id: bytes, keys: Sequence[bytes]) -> Located | None:
+    def locate(
+        self, namespace_id: bytes, keys: Sequence[bytes], position: ChainPosition | None = None
+    ) -> Located | None:
         """Where each block of the longest prefix of `keys` (in the store's own namespace
-        `namespace_id`) is held in the pool; None where the index cannot be read now."""
+        `namespace_id`, the first at `position` in its chain) is held in the pool; None
+        where the index cannot be read now."""
         membership = self.membership
         if membership is None or membership.is_fenced or time.monotonic() < self._quiet_until:
             return None
         try:
-            found = self.index.locate(namespace_id, keys, membership.live())
+            found = self.index.locate(namespace_id, keys, membership.live(), position)
         except RedisError as exc:
             self._quiet_until = time.monotonic() + BACKOFF_S
             log.info("event=cluster_locate_failed error=%s", exc)

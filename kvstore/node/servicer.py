@@ -180,12 +180,15 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     @_unary
     async def Locate(self, request, context):
         keys, caller = list(request.keys), self._caller(context)
+        position = wire.position_from_pb(request)
+        if position is not None and keys:
+            position.check(keys[0])
         own, _ = self.store.internal_ids(request.namespace_id, keys, caller)
         if self.pool is None:  # a node alone: its own blocks are the pool's
             match = self.store.match(request.namespace_id, keys, caller)
             return wire.located_to_pb(Located.on_one_node(match, PoolNode("", {}, {})))
         # A lookup in Redis waits on the network: keep the loop free meanwhile.
-        located = await asyncio.to_thread(self.pool.locate, own, keys)
+        located = await asyncio.to_thread(self.pool.locate, own, keys, position)
         if located is None:
             located = self.pool.alone(self.store.match(request.namespace_id, keys, caller))
         return wire.located_to_pb(located)

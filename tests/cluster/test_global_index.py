@@ -1,5 +1,6 @@
 """The global block index on a real Redis and a real Redis Cluster: a chain's holders are
-found in one pipelined round, as the longest prefix some live node holds; a chain group
+found in one pipelined round, as the longest prefix some live node holds (from the chain's
+root, or from where a lookup says its keys start); a chain group
 lands in one Redis Cluster slot and long chains spread over several; a dead or restarted
 node's entries are never answered, and a restarted node's old fields are removed without
 ever removing a newer one; a block one node drops stays with the others."""
@@ -13,7 +14,7 @@ from redis.cluster import RedisCluster
 from kvstore.cluster.global_index import GlobalIndex
 from kvstore.cluster.membership import Member, new_generation
 from kvstore.cluster.redis_link import open_redis
-from kvstore.keys import CHAIN_GROUP_BLOCKS
+from kvstore.keys import CHAIN_GROUP_BLOCKS, ChainPosition
 from kvstore.store.inventory import Holding
 from tests.store.store_cases import chain
 
@@ -43,6 +44,17 @@ def test_a_chain_is_located_in_one_round(redis):
         [("a", "dram"), ("b", "ssd")]
     ] * 40  # the faster tier first
     assert all([h.member.node_id for h in holders] == ["a"] for holders in found[40:])
+
+
+def test_the_rest_of_a_chain_is_located_in_one_round_from_where_it_starts(redis):
+    index = GlobalIndex(redis)
+    a = _member("a")
+    keys = chain(3 * CHAIN_GROUP_BLOCKS + 5)
+    index.publish(a, _holdings(keys))
+    for start in (1, 40, 2 * CHAIN_GROUP_BLOCKS):
+        rounds = index.rounds
+        found = index.locate(NS_ID, keys[start:], {"a": a}, ChainPosition.of(keys, start))
+        assert (len(found), index.rounds) == (len(keys) - start, rounds + 1)
 
 
 def test_located_is_the_longest_prefix_held(redis):
