@@ -14,7 +14,7 @@ from typing import NamedTuple
 from gpu_engine.connector_base import BlockPages
 from gpu_engine.page_pool import PagePool
 from gpu_engine.request import Request
-from kvstore.keys import Namespace, block_keys
+from kvstore.keys import ChainPosition, Namespace, block_keys
 
 
 class Uncached(NamedTuple):
@@ -24,6 +24,7 @@ class Uncached(NamedTuple):
     first_block: int
     parent_key: bytes | None  # key of block first_block - 1; None: a root
     keys: list[bytes]
+    position: ChainPosition | None = None  # where keys[0] sits in its chain; None: a root
 
 
 class BlockManager:
@@ -64,7 +65,8 @@ class BlockManager:
         req.pages = reused + self.pool.allocate(need)
         req.num_computed = len(hits) * self.block_tokens
         parent = keys[len(hits) - 1] if hits else None
-        return Uncached(len(hits), parent, keys[len(hits) :])
+        position = ChainPosition.of(keys, len(hits)) if len(hits) < len(keys) else None
+        return Uncached(len(hits), parent, keys[len(hits) :], position)
 
     def grow(self, req: Request, num_tokens: int) -> bool:
         """Pages for the first `num_tokens` tokens of `req`; False, nothing changed, when the
@@ -84,13 +86,14 @@ class BlockManager:
 
     def computed_blocks(
         self, req: Request, first: int, last: int
-    ) -> tuple[bytes | None, list[bytes], list[BlockPages]]:
-        """(parent key, keys, pages) of blocks ``first...last - 1`` of `req`, just computed;
-        caches them."""
+    ) -> tuple[bytes | None, ChainPosition | None, list[bytes], list[BlockPages]]:
+        """(parent key, place in the chain, keys, pages) of blocks ``first...last - 1`` of
+        `req`, just computed; caches them."""
         all_keys = self._keys(req, last)
         keys, blocks = all_keys[first:last], self.blocks(req, first, last)
         self.cache(keys, blocks)
-        return (all_keys[first - 1] if first else None), keys, blocks
+        parent = all_keys[first - 1] if first else None
+        return parent, ChainPosition.of(all_keys, first), keys, blocks
 
     def prompt_blocks(self, req: Request) -> tuple[list[bytes], list[BlockPages]]:
         """(keys, pages) of every full prompt block of `req`, from the first; all computed

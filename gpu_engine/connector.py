@@ -23,6 +23,7 @@ the engine one failed call per interval, not one per request.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -42,7 +43,7 @@ from kvstore.config import option
 from kvstore.errors import InvalidArgumentError, KVStoreError
 from kvstore.integrations.loaded_prefix import loaded_prefix_len
 from kvstore.integrations.vllm.blocks import PagedBlocks  # host staging as uint8 numpy
-from kvstore.keys import Namespace
+from kvstore.keys import ChainPosition, Namespace
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +104,7 @@ class StoreConnector(KVConnector):
         self.config = config
         self._clock = clock
         token = read_token_file(config.store_token_file) if config.store_token_file else ""
-        settings = {
+        settings: dict[str, Any] = {
             "transport": config.transport,
             "auth_token": token,
             "tls_ca": config.store_tls_ca,
@@ -147,6 +148,8 @@ class StoreConnector(KVConnector):
             return 0
         assert self._namespace_id is not None
         try:
+            if isinstance(self._client, PoolClient):
+                return self._client.match(self._namespace_id, keys, request.position).num_matched
             return self._client.match(self._namespace_id, keys).num_matched
         except KVStoreError as exc:
             self._on_error("match", request, exc)
@@ -174,7 +177,9 @@ class StoreConnector(KVConnector):
     ) -> None:
         if not keys or self._publisher is None or not self._ensure_registered():
             return
-        put = self._offers.track(request.request_id, self._put_chain)
+        put = self._offers.track(
+            request.request_id, functools.partial(self._put_chain, position=request.position)
+        )
         try:
             num_staged = self._publisher.offer(
                 keys,
@@ -243,8 +248,9 @@ class StoreConnector(KVConnector):
         step = self.config.load_batch_blocks
         for start in range(0, len(keys), step):
             end = min(start + step, len(keys))
+            position = ChainPosition.of(keys, start, request.position)
             try:
-                found = self._get_into(keys[start:end], pages[start:end])
+                found = self._get_into(keys[start:end], pages[start:end], position)
             except KVStoreError as exc:
                 self._on_error("get", request, exc)
                 return start
@@ -253,14 +259,20 @@ class StoreConnector(KVConnector):
                 return start + num_found
         return len(keys)
 
-    def _get_into(self, keys: Sequence[bytes], pages: Sequence[BlockPages]) -> tuple[bool, ...]:
-        assert self._namespace_id is not None
+    def _get_into(
+        self,
+        keys: Sequence[bytes],
+        pages: Sequence[BlockPages],
+        position: ChainPosition | None,
+    ) -> tuple[bool, ...]:
+        """Reads `keys` (the first at `position` in its chain) into their pages."""
         if self._staging is None:
             views: list[Any] = [self.cache.block_view(p[0]) for p in pages]
-            return self._client.get_into(self._namespace_id, keys, views)
+            return self._read(keys, views, position)
         found = []
-        for key, block_pages in zip(keys, pages, strict=True):
-            hit = self._client.get_into(self._namespace_id, [key], [self._staging])[0]
+        for i, block_pages in enumerate(pages):
+            at = ChainPosition.of(keys, i, position)
+            hit = self._read(keys[i : i + 1], [self._staging], at)[0]
             if hit:
                 self.cache.write_block(block_pages, self._staging)
             found.append(hit)
@@ -282,22 +294,35 @@ class StoreConnector(KVConnector):
         )
         for out, block_pages in zip(staging, pages[first:], strict=True):
             self.cache.read_block(block_pages, out=out)
-        self._put_chain(keys[first:], staging, keys[first - 1] if first else None)
+        parent = keys[first - 1] if first else None
+        self._put_chain(keys[first:], staging, parent, ChainPosition.of(keys, first))
+
+    def _read(
+        self, keys: Sequence[bytes], views: list[Any], position: ChainPosition | None
+    ) -> tuple[bool, ...]:
+        assert self._namespace_id is not None
+        if isinstance(self._client, PoolClient):
+            return self._client.get_into(self._namespace_id, keys, views, position)
+        return self._client.get_into(self._namespace_id, keys, views)
 
     def _put_chain(
         self,
         keys: Sequence[bytes],
         blocks: Sequence[torch.Tensor] | torch.Tensor,
         parent: bytes | None,
+        position: ChainPosition | None = None,
     ) -> object:
-        """Puts host `blocks`: one tensor of a block per row (checked once for the call:
-        `buffers.checked_buffers`) or a sequence of blocks."""
+        """Puts host `blocks` (the first at `position` in its chain): one tensor of a block
+        per row (checked once for the call: `buffers.checked_buffers`) or a sequence of
+        blocks."""
         assert self._namespace_id is not None
         views: Any
         if isinstance(blocks, torch.Tensor):
             views = PagedBlocks.as_rows(blocks)
         else:
             views = [PagedBlocks.as_buffer(b) for b in blocks]
+        if isinstance(self._client, PoolClient):
+            return self._client.put_chain(self._namespace_id, keys, views, parent, position)
         return self._client.put_chain(self._namespace_id, keys, views, parent)
 
     def _ensure_registered(self) -> bool:

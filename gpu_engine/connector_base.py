@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from gpu_engine.kv_cache import KVCache
-from kvstore.keys import Namespace
+from kvstore.keys import ChainPosition, Namespace
 
 BlockPages = tuple[int, ...]  # the pages of one block, in token order
 
@@ -34,6 +34,7 @@ class ConnectorRequest(NamedTuple):
     request_id: int
     num_prompt_tokens: int
     parent_key: bytes | None = None  # chain key of the block before keys[0]; None: a root
+    position: ChainPosition | None = None  # where keys[0] sits in its chain; None: a root
 
 
 class KVConnector(ABC):

@@ -20,6 +20,7 @@ from typing import NamedTuple
 from gpu_engine.block_manager import Uncached
 from gpu_engine.connector_base import BlockPages, ConnectorRequest, KVConnector
 from gpu_engine.request import Request
+from kvstore.keys import ChainPosition
 
 logger = logging.getLogger(__name__)
 
@@ -85,14 +86,14 @@ class KVTransfer:
 
     def lookup(self, req: Request, uncached: Uncached) -> int:
         """How many leading blocks of `uncached` the store holds: 0 on any failure."""
-        info = ConnectorRequest(req.request_id, req.num_prompt_tokens, uncached.parent_key)
+        info = _info(req, uncached.parent_key, uncached.position)
         keys = uncached.keys
         return self._checked("lookup", info, len(keys), self.connector.lookup, info, keys)
 
     def start_load(self, req: Request, uncached: Uncached, blocks: list[BlockPages]) -> None:
         """Starts receiving blocks `uncached.keys` into `blocks` (their pages are the
         connector's until the load is collected)."""
-        info = ConnectorRequest(req.request_id, req.num_prompt_tokens, uncached.parent_key)
+        info = _info(req, uncached.parent_key, uncached.position)
         args = ("load", info, len(blocks), self.connector.load, info, uncached.keys, blocks)
         num_loaded = self._run(self._loader, *args)
         self._loads.append(_PendingLoad(req, uncached, blocks, num_loaded))
@@ -100,7 +101,7 @@ class KVTransfer:
     def start_publish(self, req: Request, keys: list[bytes], blocks: list[BlockPages]) -> None:
         """Starts committing `req`'s full prompt blocks (key `keys[i]` in `blocks[i]`, from
         the first) in the store; their pages are the connector's until it is collected."""
-        info = ConnectorRequest(req.request_id, req.num_prompt_tokens, None)
+        info = _info(req, None, None)
         args = ("publish", info, len(keys), self.connector.publish, info, keys, blocks)
         num_published = self._run(self._publish_waiter, *args)
         self._publishes.append(_PendingPublish(req, keys, num_published))
@@ -135,10 +136,16 @@ class KVTransfer:
             wait(futures, timeout_s, FIRST_COMPLETED)
 
     def save(
-        self, req: Request, parent_key: bytes | None, keys: list[bytes], blocks: list[BlockPages]
+        self,
+        req: Request,
+        parent_key: bytes | None,
+        position: ChainPosition | None,
+        keys: list[bytes],
+        blocks: list[BlockPages],
     ) -> None:
-        """Offers blocks just computed (block i is `keys[i]` in `blocks[i]`) to the store."""
-        info = ConnectorRequest(req.request_id, req.num_prompt_tokens, parent_key)
+        """Offers blocks just computed (block i is `keys[i]` in `blocks[i]`; the first at
+        `position` in its chain, after `parent_key`) to the store."""
+        info = _info(req, parent_key, position)
         self._checked("save", info, len(keys), self._save, info, keys, blocks)
 
     def close(self) -> None:
@@ -183,3 +190,9 @@ class KVTransfer:
             )
             return 0
         return count
+
+
+def _info(
+    req: Request, parent_key: bytes | None, position: ChainPosition | None
+) -> ConnectorRequest:
+    return ConnectorRequest(req.request_id, req.num_prompt_tokens, parent_key, position)

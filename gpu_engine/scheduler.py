@@ -242,8 +242,8 @@ class Scheduler:
         first, req.num_computed = req.num_computed // bt, req.num_computed + num_new
         last = req.num_computed // bt
         if last > first:
-            parent, keys, blocks = self.block_manager.computed_blocks(req, first, last)
-            self.transfer.save(req, parent, keys, blocks)
+            parent, position, keys, blocks = self.block_manager.computed_blocks(req, first, last)
+            self.transfer.save(req, parent, position, keys, blocks)
 
     def _finish_reason(self, req: Request, token: int) -> str | None:
         return self.policy.finish_reason(req, token)

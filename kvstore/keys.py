@@ -48,11 +48,15 @@ class ChainPosition(NamedTuple):
     group: bytes
 
     @classmethod
-    def of(cls, chain: Sequence[bytes], start: int) -> ChainPosition | None:
-        """The place of `chain[start]` in `chain` (keys from its root); None at the root."""
-        if start == 0:
+    def of(
+        cls, keys: Sequence[bytes], start: int, first: ChainPosition | None = None
+    ) -> ChainPosition | None:
+        """The place of `keys[start]`, `keys` being consecutive blocks of one chain the
+        first of which sits at `first` (None: at the chain's root); None at the root."""
+        depth = start + (0 if first is None else first.depth)
+        if depth == 0:
             return None
-        return cls(start, chain[start - start % CHAIN_GROUP_BLOCKS])
+        return cls(depth, chain_groups(keys[: start + 1], first)[start])
 
     def check(self, key: bytes) -> None:
         """Raises `InvalidArgumentError` unless this is a position block `key` can have."""

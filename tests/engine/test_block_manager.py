@@ -12,7 +12,7 @@ from gpu_engine.config import EngineConfig
 from gpu_engine.page_pool import PagePool
 from gpu_engine.request import Request
 from gpu_engine.sampling import SamplingParams
-from kvstore.keys import block_keys
+from kvstore.keys import ChainPosition, block_keys
 
 BLOCK, PAGE = 8, 4
 NAMESPACE = EngineConfig(block_tokens=BLOCK, page_tokens=PAGE).namespace
@@ -43,6 +43,18 @@ def test_admission_allocates_every_token_and_offers_the_uncached_blocks() -> Non
     assert len(req.pages) == 7 and req.num_computed == 0
     assert manager.pool.num_available == 16 - 7
     manager.pool.check()
+
+
+def test_the_blocks_offered_after_a_cached_prefix_say_where_they_sit_in_their_chain() -> None:
+    manager = _make()
+    head = list(range(2 * BLOCK))
+    first = _request([*head, 7])
+    manager.allocate(first)
+    _computed(manager, first, len(head) + 1)
+    tokens = head + list(range(500, 500 + 2 * BLOCK + 1))
+    uncached = manager.allocate(_request(tokens, request_id=1))
+    keys = block_keys(NAMESPACE, tokens[: 4 * BLOCK])
+    assert uncached == Uncached(2, keys[1], keys[2:], ChainPosition(2, keys[0]))
 
 
 def test_a_cached_prefix_is_reused_but_never_the_block_of_the_last_token() -> None:
@@ -97,8 +109,8 @@ def test_computed_blocks_are_cached_with_their_parent_only_when_enabled() -> Non
         manager = _make(enable_prefix_cache=enabled)
         req = _request(tokens)
         manager.allocate(req)
-        parent, got_keys, blocks = manager.computed_blocks(req, 1, 3)
-        assert (parent, got_keys) == (keys[0], keys[1:3])
+        parent, position, got_keys, blocks = manager.computed_blocks(req, 1, 3)
+        assert (parent, position, got_keys) == (keys[0], ChainPosition(1, keys[0]), keys[1:3])
         assert blocks == [tuple(req.pages[2:4]), tuple(req.pages[4:6])]
         assert manager.pool.num_cached_blocks == num_cached
         manager.free(req)

@@ -104,7 +104,7 @@ def test_a_failed_save_is_logged_and_dropped(caplog: pytest.LogCaptureFixture) -
     caplog.set_level(logging.INFO, logger="gpu_engine.kv_transfer")
     connector = ScriptedConnector(ConnectionError("store unreachable"))
     transfer = KVTransfer(connector, async_load=True)
-    transfer.save(_request(), None, KEYS, BLOCKS)  # does not raise
+    transfer.save(_request(), None, None, KEYS, BLOCKS)  # does not raise
     assert connector.calls == [("save", ConnectorRequest(7, 40, None), KEYS)]
     assert "event=connector_failed op=save request_id=7" in caplog.text
     transfer.close()
