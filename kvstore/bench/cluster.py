@@ -3,18 +3,23 @@
 For each node count N (`--nodes 1,2,3`) it starts a real Redis and N `kvstore serve
 --cluster` nodes, and beside them one node without the cluster layer:
 
-- puts: chains of `--chain-blocks` blocks of `--block-bytes`, each put whole on one node,
-  round robin (`put_gbps`), and the Redis commands they cost (`redis_ops_per_put`, one put
-  call per chain);
-- gets: each chain read through the pool client (one Locate, then every holder at once
-  over its best plane): `get_gbps`, `get_p99_ms`; the same chains read from the node
-  without the cluster layer by a plain client in the same run (`plain_get_gbps`);
+- puts: chains of `--chain-blocks` blocks of `--block-bytes`, each put through a pool
+  client whose home is the next node, round robin, and placed as it places puts
+  (`put_gbps`), and the Redis commands they cost (`redis_ops_per_put`, one put call per
+  chain);
+- gets: each chain read through one pool client whose home is the first node (what the
+  home holds read from it, the rest located in one lookup and read from every holder at
+  once, each over its best plane): `get_gbps`, `get_p99_ms`; the same chains read from the
+  node without the cluster layer by a plain client in the same run, the two taking turns
+  chain by chain (`plain_get_gbps`);
 - matches: the Redis round trips (`redis_rounds_per_match`, from the nodes' own counts) and
   commands (`redis_ops_per_match`) per chain lookup;
 - a replay of the Mooncake-format trace (`--trace`) with requests spread round robin over
   N prefill nodes of C/N blocks each: the hit ratio of the global pool (a block any node
-  holds is a hit), of per-node caches, and of one node of all C blocks (`--capacity`, a
-  fraction of the trace's distinct blocks), token-weighted with prefix semantics;
+  holds is a hit; what missed is placed as the pool client places puts), of per-node
+  caches (each request stores at its node), and of one node of all C blocks
+  (`--capacity`, a fraction of the trace's distinct blocks), token-weighted with prefix
+  semantics;
 - `errors`: calls that raised, and blocks read back wrong.
 
 `--kill`: the failure run instead. Two nodes; a chain on the first; the first SIGKILLed;
@@ -49,10 +54,10 @@ from kvstore.bench.redis_servers import RedisServer, redis_server
 from kvstore.bench.report import Row, progress_bar
 from kvstore.bench.suites import SuiteOptions
 from kvstore.bench.trace_file import TraceLine, hit_ratio
-from kvstore.client import Client
+from kvstore.client import Client, placement
 from kvstore.client.pool_client import PoolClient
 from kvstore.config import parse_bytes
-from kvstore.keys import KVLayout, Namespace, block_keys
+from kvstore.keys import ChainPosition, KVLayout, Namespace, block_keys
 
 TTL_S = 1.0
 READ_DEADLINE_S = 2.0
@@ -64,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chains", type=int, default=16, help="chains put and read")
     parser.add_argument("--chain-blocks", type=int, default=32, help="blocks per chain")
     parser.add_argument("--block-bytes", type=parse_bytes, default=256 << 10)
-    parser.add_argument("--rounds", type=int, default=3, help="reads of every chain")
+    parser.add_argument("--rounds", type=int, default=5, help="reads of every chain")
     parser.add_argument("--trace", type=Path, default=trace_file.DEFAULT_TRACE)
     parser.add_argument("--capacity", type=float, default=0.1, help="of the distinct blocks")
     parser.add_argument("--kill", action="store_true", help="the failure run instead")
@@ -78,7 +83,7 @@ def run(options: SuiteOptions) -> list[Row]:
     chains = cast(int, extra.get("chains", 16)) // (4 if options.quick else 1)
     blocks = cast(int, extra.get("chain_blocks", 32))
     shape = (max(chains, 2), blocks, cast(int, extra.get("block_bytes", 256 << 10)))
-    rounds = 1 if options.quick else cast(int, extra.get("rounds", 3))
+    rounds = 1 if options.quick else cast(int, extra.get("rounds", 5))
     trace = cast(Path, extra.get("trace", trace_file.DEFAULT_TRACE))
     requests = trace_file.load_trace(trace, 2000 if options.quick else None)
     capacity = cast(float, extra.get("capacity", 0.1))
@@ -131,7 +136,8 @@ def _run_nodes(n: int, shape: tuple[int, int, int], rounds: int) -> Row:
             commands = _commands(redis)
             started = time.perf_counter()
             for c, keys in enumerate(chains):
-                with Client(nodes[c % n].address) as writer:
+                seeds = [x.address for x in nodes[c % n :] + nodes[: c % n]]
+                with PoolClient(seeds, read_deadline_s=READ_DEADLINE_S) as writer:
                     ns_id = writer.register_namespace(ns).namespace_id
                     blocks = [_payload(c, b, block_bytes) for b in range(num_blocks)]
                     writer.put_chain(ns_id, keys, blocks)
@@ -143,9 +149,9 @@ def _run_nodes(n: int, shape: tuple[int, int, int], rounds: int) -> Row:
                 for c, keys in enumerate(chains):
                     blocks = [_payload(c, b, block_bytes) for b in range(num_blocks)]
                     writer.put_chain(plain_id, keys, blocks)
-            pool_s, latencies, wrong = _read_pool([x.address for x in nodes], ns, chains, rounds)
-            plain_s, plain_wrong = _read_plain(plain.address, ns, chains, rounds)
-            errors += wrong + plain_wrong
+            seeds = [x.address for x in nodes]
+            pool_s, plain_s, latencies, wrong = _read_both(seeds, plain.address, ns, chains, rounds)
+            errors += wrong
             match_ops, rounds_per_match = _matches(redis, nodes, ns, chains)
     read_bytes = total * rounds
     return {
@@ -185,36 +191,33 @@ def _settle(nodes: Sequence[ServerProcess], ns: Namespace, chains: list[list[byt
             time.sleep(0.05)
 
 
-def _read_pool(
-    seeds: list[str], ns: Namespace, chains: list[list[bytes]], rounds: int
-) -> tuple[float, list[float], int]:
+def _read_both(
+    seeds: list[str], plain: str, ns: Namespace, chains: list[list[bytes]], rounds: int
+) -> tuple[float, float, list[float], int]:
+    """Every chain read `rounds` times through a pool client and from the plain node, the
+    two taking turns chain by chain (the machine is shared: both see the same moments of
+    it); (pool seconds, plain seconds, pool latencies, blocks wrong)."""
     wrong = 0
     latencies = []
-    with PoolClient(seeds, read_deadline_s=READ_DEADLINE_S) as pool:
+    plain_s = 0.0
+    with (
+        PoolClient(seeds, read_deadline_s=READ_DEADLINE_S) as pool,
+        Client(plain) as client,
+    ):
         ns_id = pool.register_namespace(ns).namespace_id
+        plain_id = client.register_namespace(ns).namespace_id
         buffers = [np.empty(ns.block_bytes, np.uint8) for _ in chains[0]]
-        started = time.perf_counter()
         for _ in range(rounds):
             for c, keys in enumerate(chains):
                 t = time.perf_counter()
                 found = pool.get_into(ns_id, keys, buffers)
                 latencies.append(time.perf_counter() - t)
                 wrong += _wrong(c, found, buffers)
-        return time.perf_counter() - started, latencies, wrong
-
-
-def _read_plain(
-    address: str, ns: Namespace, chains: list[list[bytes]], rounds: int
-) -> tuple[float, int]:
-    wrong = 0
-    with Client(address) as client:
-        ns_id = client.register_namespace(ns).namespace_id
-        buffers = [np.empty(ns.block_bytes, np.uint8) for _ in chains[0]]
-        started = time.perf_counter()
-        for _ in range(rounds):
-            for c, keys in enumerate(chains):
-                wrong += _wrong(c, client.get_into(ns_id, keys, buffers), buffers)
-        return time.perf_counter() - started, wrong
+                t = time.perf_counter()
+                found = client.get_into(plain_id, keys, buffers)
+                plain_s += time.perf_counter() - t
+                wrong += _wrong(c, found, buffers)
+    return sum(latencies), plain_s, latencies, wrong
 
 
 def _wrong(chain: int, found: Sequence[bool], buffers: Sequence[np.ndarray]) -> int:
@@ -260,27 +263,39 @@ def _hit_ratios(requests: Sequence[TraceLine], n: int, fraction: float) -> Row:
 
 
 def _replay(requests: Sequence[TraceLine], n: int, capacity: int, shared: bool) -> float:
-    """Requests round robin over `n` LRU caches of capacity/n blocks each; a block hits if
-    the serving node holds it, or (`shared`) any node does; what missed is stored at the
-    serving node, and a hit refreshes the block where it is held."""
-    caches: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(n)]
+    """Requests round robin over `n` LRU caches of capacity/n blocks each. Per-node caches
+    (not `shared`): a block hits if the serving node holds it, and what missed is stored
+    there. The global pool (`shared`): a block hits if any node holds it, and what missed
+    is placed as the pool client places a put (`kvstore.client.placement`). A hit
+    refreshes the block where it is held."""
+    caches: list[OrderedDict[bytes, None]] = [OrderedDict() for _ in range(n)]
     per_node = capacity // n
+    nodes = {str(k): per_node for k in range(n)}
     num_hit = []
     for i, req in enumerate(requests):
-        home = caches[i % n]
-        holders = caches if shared else [home]
+        keys = [h.to_bytes(8, "big", signed=True) * 4 for h in req.hash_ids]
+        home = i % n
+        holders = caches if shared else [caches[home]]
         hits = 0
-        for h in req.hash_ids:
-            holder = next((c for c in holders if h in c), None)
+        for key in keys:
+            holder = next((c for c in holders if key in c), None)
             if holder is None:
                 break
-            holder.move_to_end(h)
+            holder.move_to_end(key)
             hits += 1
         num_hit.append(hits)
-        for h in req.hash_ids[hits:]:
-            home[h] = None
-            if len(home) > per_node:
-                home.popitem(last=False)
+        new = keys[hits:]
+        pieces = (
+            placement.place(new, ChainPosition.of(keys, hits), nodes, str(home))
+            if shared and new
+            else [placement.Piece(0, len(new), str(home), None)]
+        )
+        for piece in pieces:
+            cache = caches[int(piece.address)]
+            for key in new[piece.start : piece.stop]:
+                cache[key] = None
+                if len(cache) > per_node:
+                    cache.popitem(last=False)
     return hit_ratio(requests, num_hit, "tokens")
 
 

@@ -1,13 +1,16 @@
-"""A client of a global pool of nodes (`kvstore serve --cluster`): asks one node where a
-chain is (`Locate`: one Redis round on that node, which maps the caller's namespace through
-its tenancy, so this client needs no Redis credentials), then reads each block from a node
-that holds it, several nodes at once, each over its own best plane (`Client`: shared
-memory with a node on this host, TCP or UCX elsewhere).
+"""A client of a global pool of nodes (`kvstore serve --cluster`). A read takes what its
+home node (the first seed that answers: the node beside the engine) holds of a chain
+first, and where that is not all, asks the home node where the rest is (`Locate`: one Redis
+round on that node, which maps the caller's namespace through its tenancy, so this client
+needs no Redis credentials), then reads each block from a node that holds it, several
+nodes at once, each over its own best plane (`Client`: shared memory with a node on this
+host, TCP or UCX elsewhere). A chain its home node holds whole costs no lookup.
 
-Hot chains get copies, within a budget: a chain this client read `hot_reads` times while
-fewer than `max_copies` nodes held every block of it is put once more, off the read path,
-on another live node (from the blocks just read), so later reads load from both at once.
-`hot_reads=0` turns that off.
+Hot chains get copies, within a budget: a chain this client read from other nodes
+`hot_reads` times while fewer than `max_copies` nodes held every block of it is put once
+more, off the read path, from the blocks just read: on the home node where that does not
+hold it (its next reads are local), else on another live node. `hot_reads=0` turns that
+off.
 
 Puts are placed (`kvstore.client.placement`): a chain is cut into pieces that never
 straddle a chain group, each put on the node its first key hashes to, weighted by the
@@ -19,7 +22,7 @@ Every read of a node is bounded by `read_deadline_s`. A node that fails or runs 
 left out for `quarantine_s` (no call dials it meanwhile) and its blocks are read from
 their next holder; what no live holder gives back is a miss. Nothing a node or Redis does
 raises out of `locate`, `match`, `get` or `get_into`: it becomes misses, and the caller
-recomputes. The client's home node is the first seed that answers.
+recomputes.
 """
 
 from __future__ import annotations
@@ -138,8 +141,19 @@ class PoolClient:
     def match(
         self, namespace_id: bytes, keys: Sequence[bytes], position: ChainPosition | None = None
     ) -> MatchResult:
-        located = self.locate(namespace_id, keys, position)
-        return MatchResult(located.num_located, tuple(b[0][1] for b in located.blocks))
+        """The longest prefix of `keys` the pool holds: what the home node holds of it, and
+        the rest located (no lookup where the home node holds it all)."""
+        try:
+            local = self._on_home(lambda client: client.match(namespace_id, keys))
+        except NODE_FAILURES as exc:
+            log.info("event=pool_match_failed error=%s", exc)
+            local = MatchResult(0, ())
+        start = local.num_matched
+        if start == len(keys):
+            return local
+        rest = self.locate(namespace_id, keys[start:], ChainPosition.of(keys, start, position))
+        tiers = local.tiers + tuple(block[0][1] for block in rest.blocks)
+        return MatchResult(len(tiers), tiers)
 
     def put_chain(
         self,
@@ -216,11 +230,23 @@ class PoolClient:
         buffers: Sequence[Any],
         position: ChainPosition | None = None,
     ) -> tuple[bool, ...]:
-        """Reads the located prefix of `keys` into `buffers` (one per key, the block size
-        each), from several nodes at once; returns which keys were read."""
-        located = self.locate(namespace_id, keys, position)
-        found = [False] * len(keys)
-        todo = {i: self._holders(located, i) for i in range(located.num_located)}
+        """Reads the prefix of `keys` the pool holds into `buffers` (one per key, the block
+        size each): what the home node holds first, then the rest located and read from
+        every holder at once; returns which keys were read."""
+        if not keys:
+            return ()
+        home = self._home()
+        found = list(self._read(home, namespace_id, keys, buffers, list(range(len(keys)))))
+        start = next((i for i, hit in enumerate(found) if not hit), len(found))
+        if start == len(keys):
+            return tuple(found)
+        at = ChainPosition.of(keys, start, position)
+        located = self.locate(namespace_id, keys[start:], at)
+        todo = {
+            start + i: [a for a in self._holders(located, i) if a != home]
+            for i in range(located.num_located)
+            if not found[start + i]
+        }
         while todo:
             plan: dict[str, list[int]] = {}
             for i, holders in todo.items():
@@ -235,8 +261,8 @@ class PoolClient:
                     todo[i] = [a for a in todo[i] if a != address]
             todo = {i: holders for i, holders in todo.items() if not found[i] and holders}
         read = next((i for i, hit in enumerate(found) if not hit), len(found))
-        if read and self.hot_reads > 0 and position is None:  # copies are of whole chains
-            self._note_read(namespace_id, keys[:read], located, buffers)
+        if read and start == 0 and position is None and self.hot_reads > 0:
+            self._note_read(namespace_id, keys[:read], located, buffers)  # a remote chain
         return tuple(found)
 
     def get(
@@ -321,7 +347,8 @@ class PoolClient:
             with self._lock:
                 self._copying.discard(chain)
             return
-        target = targets[hash(chain) % len(targets)]
+        home = self._home()  # its next reads of the chain are then local
+        target = home if home in targets else targets[hash(chain) % len(targets)]
         views = [as_transfer_buffer(b, writable=False) for b in buffers[: len(keys)]]
         if any(v.is_device for v in views):  # copies are made from host memory only
             with self._lock:

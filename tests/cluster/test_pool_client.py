@@ -1,5 +1,6 @@
-"""The pool client against real nodes and a real Redis: a chain that two nodes hold loads from
-both at once, byte for byte; a chain read twice from its one holder gets a copy on another
+"""The pool client against real nodes and a real Redis: a chain its home node holds whole
+is read from it alone, with no lookup; a chain two other nodes hold loads from both at
+once, byte for byte; a chain read twice from its one holder gets a copy on the reader's
 node, and no more than the budget; a holder SIGKILLed or frozen (SIGSTOP) mid-way costs at most one
 read deadline and its blocks come from the other holder; a node that failed is left out
 instead of dialled per request; and where no node or Redis answers, every call is misses,
@@ -26,9 +27,11 @@ def _payload(i: int) -> np.ndarray:
 
 
 def _two_holders(store_factory, redis_url: str, n: int):
-    nodes = [_serve(store_factory, redis_url, name) for name in ("n1", "n2")]
+    """A chain of `n` blocks on nodes n1 and n2, and a node n0 that holds none of it (the
+    readers' home: what it held would be read from it alone)."""
+    nodes = [_serve(store_factory, redis_url, name) for name in ("n0", "n1", "n2")]
     keys = _chain(n)
-    for node in nodes:
+    for node in nodes[1:]:
         with Client(node.address, transport="grpc") as c:
             ns_id = c.register_namespace(NS).namespace_id
             c.put_chain(ns_id, keys, [_payload(i) for i in range(n)])
@@ -51,8 +54,8 @@ def _located_on_both(pool: PoolClient, ns_id: bytes, keys: list[bytes]) -> bool:
 
 
 def test_replicas_load_in_parallel_byte_for_byte(store_factory, redis_single):
-    (n1, n2), keys, ns_id = _two_holders(store_factory, redis_single.url, 128)
-    with PoolClient([n1.address], read_deadline_s=DEADLINE_S) as pool:
+    (n0, n1, n2), keys, ns_id = _two_holders(store_factory, redis_single.url, 128)
+    with PoolClient([n0.address], read_deadline_s=DEADLINE_S, hot_reads=0) as pool:
         pool.register_namespace(NS)
         wait_until(lambda: _located_on_both(pool, ns_id, keys), 5.0, "both holders filed")
         before = (_hits(n1.address), _hits(n2.address))
@@ -61,9 +64,25 @@ def test_replicas_load_in_parallel_byte_for_byte(store_factory, redis_single):
     assert after[0] > before[0] and after[1] > before[1]  # both served a share
 
 
+def test_a_chain_the_home_node_holds_whole_is_read_from_it_with_no_lookup(
+    store_factory, redis_single
+):
+    (_, n1, n2), keys, ns_id = _two_holders(store_factory, redis_single.url, 64)
+    with PoolClient([n1.address], read_deadline_s=DEADLINE_S) as pool:
+        pool.register_namespace(NS)
+        wait_until(lambda: _located_on_both(pool, ns_id, keys), 5.0, "both holders filed")
+        with Client(n1.address, transport="grpc") as c:
+            locates, n2_hits = c.pool_status().num_locates, _hits(n2.address)
+            for _ in range(3):
+                assert _whole(pool, ns_id, keys)
+            assert pool.match(ns_id, keys).num_matched == 64
+            assert c.pool_status().num_locates == locates
+        assert _hits(n2.address) == n2_hits and pool.num_copies == 0
+
+
 def test_a_killed_holder_costs_no_block_and_is_left_out(store_factory, redis_single):
-    (n1, n2), keys, ns_id = _two_holders(store_factory, redis_single.url, 96)
-    with PoolClient([n2.address], read_deadline_s=DEADLINE_S) as pool:
+    (n0, n1, _), keys, ns_id = _two_holders(store_factory, redis_single.url, 96)
+    with PoolClient([n0.address], read_deadline_s=DEADLINE_S, hot_reads=0) as pool:
         pool.register_namespace(NS)
         wait_until(lambda: _located_on_both(pool, ns_id, keys), 5.0, "both holders filed")
         n1.kill()  # still in the index until its TTL
@@ -73,8 +92,8 @@ def test_a_killed_holder_costs_no_block_and_is_left_out(store_factory, redis_sin
 
 
 def test_a_frozen_holder_costs_at_most_one_read_deadline(store_factory, redis_single):
-    (n1, n2), keys, ns_id = _two_holders(store_factory, redis_single.url, 96)
-    with PoolClient([n2.address], read_deadline_s=DEADLINE_S) as pool:
+    (n0, n1, _), keys, ns_id = _two_holders(store_factory, redis_single.url, 96)
+    with PoolClient([n0.address], read_deadline_s=DEADLINE_S, hot_reads=0) as pool:
         pool.register_namespace(NS)
         wait_until(lambda: _located_on_both(pool, ns_id, keys), 5.0, "both holders filed")
         n1.proc.send_signal(signal.SIGSTOP)
@@ -88,7 +107,7 @@ def test_a_frozen_holder_costs_at_most_one_read_deadline(store_factory, redis_si
 
 
 def test_where_nothing_answers_every_call_is_misses(store_factory, redis_single):
-    (n1, n2), keys, ns_id = _two_holders(store_factory, redis_single.url, 8)
+    (_, n1, n2), keys, ns_id = _two_holders(store_factory, redis_single.url, 8)
     with PoolClient([n1.address, n2.address], read_deadline_s=DEADLINE_S) as pool:
         pool.register_namespace(NS)
         n1.kill()
@@ -100,7 +119,7 @@ def test_where_nothing_answers_every_call_is_misses(store_factory, redis_single)
         assert pool.get_into(ns_id, keys, buffers) == (False,) * len(keys)
 
 
-def test_a_hot_chain_gets_one_copy_on_another_node(store_factory, redis_single, caplog):
+def test_a_hot_chain_gets_one_copy_on_the_readers_node(store_factory, redis_single, caplog):
     caplog.set_level(logging.INFO, logger="kvstore.client")  # the copies' outcomes, on failure
     n1, n2 = (_serve(store_factory, redis_single.url, name) for name in ("n1", "n2"))
     keys = _chain(64)
@@ -108,7 +127,7 @@ def test_a_hot_chain_gets_one_copy_on_another_node(store_factory, redis_single, 
         ns_id = c.register_namespace(NS).namespace_id
         c.put_chain(ns_id, keys, [_payload(i) for i in range(64)])
         wait_until(lambda: len(c.pool_status().members) == 2, 10.0, "n1 sees n2")
-    with PoolClient([n1.address], read_deadline_s=DEADLINE_S) as pool:
+    with PoolClient([n2.address], read_deadline_s=DEADLINE_S) as pool:
         pool.register_namespace(NS)
         wait_until(lambda: pool.locate(ns_id, keys).num_located == 64, 5.0, "n1's chain filed")
         assert _whole(pool, ns_id, keys)
