@@ -140,12 +140,13 @@ def located_to_pb(located: Located) -> pb.LocateResponse:
     return pb.LocateResponse(nodes=nodes, blocks=blocks, degraded=located.degraded)
 
 
-def located_from_pb(msg: pb.LocateResponse) -> Located:
-    """What a node answered; a holder naming no node or no tier is left out, and the prefix
-    ends at the first block left with none."""
+def located_from_pb(msg: pb.LocateResponse, num_keys: int) -> Located:
+    """What a node answered about `num_keys` keys; a holder naming no node or no tier is
+    left out, the prefix ends at the first block left with none, and blocks past the keys
+    asked about are dropped."""
     nodes = tuple(pool_node_from_pb(n) for n in msg.nodes)
     blocks = []
-    for block in msg.blocks:
+    for block in msg.blocks[:num_keys]:
         pairs = zip(block.nodes, block.tiers, strict=False)
         holders = tuple(
             (n, TIER_FROM_PB[t]) for n, t in pairs if n < len(nodes) and t in TIER_FROM_PB

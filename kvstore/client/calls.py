@@ -118,7 +118,7 @@ def locate(
     request = pb.LocateRequest(namespace_id=namespace_id, keys=keys)
     if position is not None:
         request.chain_depth, request.chain_group = position
-    return Call("store", "Locate", request, wire.located_from_pb)
+    return Call("store", "Locate", request, lambda r: wire.located_from_pb(r, len(keys)))
 
 
 def pool_status() -> Call[PoolReport]:

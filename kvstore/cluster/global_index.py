@@ -61,13 +61,12 @@ class Holder:
 
 class GlobalIndex:
     """The index on `redis`: what nodes publish (`publish`) and what a chain's lookup finds
-    (`locate`). Counts its pipelined round trips (`rounds`), and its lookups' apart
-    (`locates`, `locate_rounds`)."""
+    (`locate`). Counts its lookups (`locates`) and the pipelined round trips they took
+    (`locate_rounds`)."""
 
     def __init__(self, redis: Redis, entry_ttl_s: float = ENTRY_TTL_S) -> None:
         self.redis = redis
         self.entry_ttl_s = entry_ttl_s
-        self.rounds = 0
         self.locates = 0
         self.locate_rounds = 0
         self._stale: deque[tuple[bytes, bytes, bytes]] = deque(maxlen=MAX_STALE_FIELDS)
@@ -99,7 +98,6 @@ class GlobalIndex:
             pipe.execute_command("EVAL", _DROP_IF, 1, key, field, value)  # no script cache
         if len(pipe):
             pipe.execute()
-            self.rounds += 1
         return num_filed
 
     def locate(
@@ -124,7 +122,6 @@ class GlobalIndex:
             pipe.execute_command("EVAL", _READ_GROUP, len(run), *run)  # one slot
         self.locates += 1
         groups = pipe.execute()
-        self.rounds += 1
         self.locate_rounds += 1
         answers = [_as_fields(flat) for group in groups for flat in group]
         found = [self._live_holders(names[i], f, live) for i, f in enumerate(answers)]

@@ -32,10 +32,10 @@ log = logging.getLogger("kvstore.cluster")
 
 @dataclass(frozen=True)
 class PublisherStatus:
+    """The publisher's part of `PoolReport`."""
+
     redis_ok: bool
     fenced: bool
-    generation: str
-    num_members: int
     num_published: int  # blocks filed since start
     num_pending: int  # blocks still to file again (after a new generation, or a sweep)
     last_error: str
@@ -95,8 +95,6 @@ class Publisher:
         return PublisherStatus(
             self._redis_ok,
             self.membership.is_fenced,
-            self.membership.me.generation,
-            len(self.membership.live()),
             self.num_published,
             len(self._pending),
             self._last_error,

@@ -36,9 +36,9 @@ def test_a_chain_is_located_in_one_round(redis):
     keys = chain(3 * CHAIN_GROUP_BLOCKS + 5)
     index.publish(a, _holdings(keys))
     index.publish(b, _holdings(keys[:40], "ssd"))
-    rounds = index.rounds
+    rounds = index.locate_rounds
     found = index.locate(NS_ID, keys, {"a": a, "b": b})
-    assert index.rounds == rounds + 1
+    assert index.locate_rounds == rounds + 1
     assert len(found) == len(keys)
     assert [[(h.member.node_id, h.tier) for h in holders] for holders in found[:40]] == [
         [("a", "dram"), ("b", "ssd")]
@@ -52,9 +52,9 @@ def test_the_rest_of_a_chain_is_located_in_one_round_from_where_it_starts(redis)
     keys = chain(3 * CHAIN_GROUP_BLOCKS + 5)
     index.publish(a, _holdings(keys))
     for start in (1, 40, 2 * CHAIN_GROUP_BLOCKS):
-        rounds = index.rounds
+        rounds = index.locate_rounds
         found = index.locate(NS_ID, keys[start:], {"a": a}, ChainPosition.of(keys, start))
-        assert (len(found), index.rounds) == (len(keys) - start, rounds + 1)
+        assert (len(found), index.locate_rounds) == (len(keys) - start, rounds + 1)
 
 
 def test_located_is_the_longest_prefix_held(redis):
