@@ -90,22 +90,29 @@ def _cmd_stats(args: argparse.Namespace) -> int:
 
 
 def _pool_stats(args: argparse.Namespace) -> int:
-    """The pool as the node sees it: its part in the index, then a line per live member
-    (its planes and tiers by name: a map's order on the wire is no order)."""
+    """The pool as the node sees it: its part in the index; a line per live member, its
+    planes, capacity and what it holds by tier (placement: how the pool's blocks spread);
+    and how many live nodes hold each block of a sample of the index (replication). Maps
+    are printed by name: a map's order on the wire is no order."""
     with _client(args) as client:
-        report = client.pool_status()
-    _print_fields(report._asdict(), "members")
+        report = client.pool_status(sample_blocks=args.sample_blocks)
+    _print_fields(report._asdict(), "members", "holders_sampled")
     for member in report.members:
         where = " ".join(f"{plane}={at}" for plane, at in sorted(member.addresses.items()))
         capacity = " ".join(f"{tier}_bytes={n}" for tier, n in sorted(member.capacity.items()))
-        print(f"member={member.node_id} {where} {capacity}")
+        held = " ".join(f"held_{tier}_bytes={n}" for tier, n in sorted(member.held.items()))
+        print(f"member={member.node_id} {where} {capacity} {held}".rstrip())
+    sampled = sorted(report.holders_sampled.items())
+    if sampled:
+        counts = " ".join(f"holders_{n}={blocks}" for n, blocks in sampled)
+        print(f"sampled_blocks={sum(b for _, b in sampled)} {counts}")
     return 0
 
 
-def _print_fields(fields: dict[str, object], listed_apart: str) -> None:
-    """A `name=value` line per field, but the one whose items get lines of their own."""
+def _print_fields(fields: dict[str, object], *listed_apart: str) -> None:
+    """A `name=value` line per field, but those whose items get lines of their own."""
     for name, value in fields.items():
-        if name != listed_apart:
+        if name not in listed_apart:
             print(f"{name}={value}")
 
 
@@ -209,6 +216,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     stats.add_argument("--cluster", action="store_true", help="the global pool as the node sees it")
     stats.add_argument("--interval-s", type=float, default=1.0, help="--watch refresh period")
     stats.add_argument("--count", type=int, default=0, help="--watch refreshes (0: forever)")
+    stats.add_argument(
+        "--sample-blocks", type=int, default=1000, help="--cluster: index entries sampled"
+    )
     _add_client_command(sub, "health", "exit 0 if a store node is serving", _cmd_health)
     return parser
 

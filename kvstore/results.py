@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import NamedTuple
+
+NOTHING: Mapping = MappingProxyType({})  # an empty mapping default that nothing can change
 
 
 class MatchResult(NamedTuple):
@@ -90,12 +94,14 @@ class StoreStats(NamedTuple):
 
 
 class PoolNode(NamedTuple):
-    """A node of the global pool: its id, where it listens ("grpc": HOST:PORT) and its
-    capacity by tier."""
+    """A node of the global pool: its id, where it listens ("grpc": HOST:PORT), its
+    capacity by tier, and the bytes it holds by tier (empty for callers that see only
+    their tenant)."""
 
     node_id: str
     addresses: dict[str, str]
     capacity: dict[str, int]
+    held: Mapping[str, int] = NOTHING
 
 
 class Located(NamedTuple):
@@ -134,3 +140,4 @@ class PoolReport(NamedTuple):
     rebuild_seconds: float = 0.0  # how long the last full republish took
     num_locates: int = 0  # chains looked up in the index since start
     num_locate_rounds: int = 0  # the Redis round trips they took
+    holders_sampled: Mapping[int, int] = NOTHING  # live holders -> blocks, of a sample

@@ -124,11 +124,13 @@ def stats_from_pb(msg: pb.StatsResponse) -> StoreStats:
 
 
 def pool_node_to_pb(node: PoolNode) -> pb.PoolNode:
-    return pb.PoolNode(node_id=node.node_id, addresses=node.addresses, capacity=node.capacity)
+    return pb.PoolNode(
+        node_id=node.node_id, addresses=node.addresses, capacity=node.capacity, held=dict(node.held)
+    )
 
 
 def pool_node_from_pb(msg: pb.PoolNode) -> PoolNode:
-    return PoolNode(msg.node_id, dict(msg.addresses), dict(msg.capacity))
+    return PoolNode(msg.node_id, dict(msg.addresses), dict(msg.capacity), dict(msg.held))
 
 
 def located_to_pb(located: Located) -> pb.LocateResponse:
@@ -160,10 +162,12 @@ def located_from_pb(msg: pb.LocateResponse, num_keys: int) -> Located:
 def pool_report_to_pb(report: PoolReport) -> pb.PoolStatusResponse:
     fields = report._asdict()
     fields["members"] = [pool_node_to_pb(m) for m in report.members]
+    fields["holders_sampled"] = dict(report.holders_sampled)
     return pb.PoolStatusResponse(**fields)
 
 
 def pool_report_from_pb(msg: pb.PoolStatusResponse) -> PoolReport:
     members = tuple(pool_node_from_pb(m) for m in msg.members)
-    fields = {f: getattr(msg, f) for f in PoolReport._fields if f != "members"}
-    return PoolReport(**fields, members=members)
+    apart = ("members", "holders_sampled")
+    fields = {f: getattr(msg, f) for f in PoolReport._fields if f not in apart}
+    return PoolReport(**fields, members=members, holders_sampled=dict(msg.holders_sampled))

@@ -288,7 +288,7 @@ class LocateRequest(_message.Message):
     def __init__(self, namespace_id: _Optional[bytes] = ..., keys: _Optional[_Iterable[bytes]] = ..., chain_depth: _Optional[int] = ..., chain_group: _Optional[bytes] = ...) -> None: ...
 
 class PoolNode(_message.Message):
-    __slots__ = ("node_id", "addresses", "capacity")
+    __slots__ = ("node_id", "addresses", "capacity", "held")
     class AddressesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -303,13 +303,22 @@ class PoolNode(_message.Message):
         key: str
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class HeldEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     addresses: _containers.ScalarMap[str, str]
     capacity: _containers.ScalarMap[str, int]
-    def __init__(self, node_id: _Optional[str] = ..., addresses: _Optional[_Mapping[str, str]] = ..., capacity: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    held: _containers.ScalarMap[str, int]
+    def __init__(self, node_id: _Optional[str] = ..., addresses: _Optional[_Mapping[str, str]] = ..., capacity: _Optional[_Mapping[str, int]] = ..., held: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class BlockHolders(_message.Message):
     __slots__ = ("nodes", "tiers")
@@ -330,11 +339,20 @@ class LocateResponse(_message.Message):
     def __init__(self, nodes: _Optional[_Iterable[_Union[PoolNode, _Mapping]]] = ..., blocks: _Optional[_Iterable[_Union[BlockHolders, _Mapping]]] = ..., degraded: _Optional[bool] = ...) -> None: ...
 
 class PoolStatusRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("sample_blocks",)
+    SAMPLE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    sample_blocks: int
+    def __init__(self, sample_blocks: _Optional[int] = ...) -> None: ...
 
 class PoolStatusResponse(_message.Message):
-    __slots__ = ("in_pool", "node_id", "generation", "redis_ok", "fenced", "members", "num_published", "num_pending", "last_error", "rebuild_seconds", "num_locates", "num_locate_rounds")
+    __slots__ = ("in_pool", "node_id", "generation", "redis_ok", "fenced", "members", "num_published", "num_pending", "last_error", "rebuild_seconds", "num_locates", "num_locate_rounds", "holders_sampled")
+    class HoldersSampledEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
     IN_POOL_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -347,6 +365,7 @@ class PoolStatusResponse(_message.Message):
     REBUILD_SECONDS_FIELD_NUMBER: _ClassVar[int]
     NUM_LOCATES_FIELD_NUMBER: _ClassVar[int]
     NUM_LOCATE_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    HOLDERS_SAMPLED_FIELD_NUMBER: _ClassVar[int]
     in_pool: bool
     node_id: str
     generation: str
@@ -359,7 +378,8 @@ class PoolStatusResponse(_message.Message):
     rebuild_seconds: float
     num_locates: int
     num_locate_rounds: int
-    def __init__(self, in_pool: _Optional[bool] = ..., node_id: _Optional[str] = ..., generation: _Optional[str] = ..., redis_ok: _Optional[bool] = ..., fenced: _Optional[bool] = ..., members: _Optional[_Iterable[_Union[PoolNode, _Mapping]]] = ..., num_published: _Optional[int] = ..., num_pending: _Optional[int] = ..., last_error: _Optional[str] = ..., rebuild_seconds: _Optional[float] = ..., num_locates: _Optional[int] = ..., num_locate_rounds: _Optional[int] = ...) -> None: ...
+    holders_sampled: _containers.ScalarMap[int, int]
+    def __init__(self, in_pool: _Optional[bool] = ..., node_id: _Optional[str] = ..., generation: _Optional[str] = ..., redis_ok: _Optional[bool] = ..., fenced: _Optional[bool] = ..., members: _Optional[_Iterable[_Union[PoolNode, _Mapping]]] = ..., num_published: _Optional[int] = ..., num_pending: _Optional[int] = ..., last_error: _Optional[str] = ..., rebuild_seconds: _Optional[float] = ..., num_locates: _Optional[int] = ..., num_locate_rounds: _Optional[int] = ..., holders_sampled: _Optional[_Mapping[int, int]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("prompt_token_ids", "max_tokens", "temperature", "seed", "stop_token_ids", "return_logits", "num_published_tokens", "prefetch")

@@ -211,5 +211,5 @@ class AsyncClient(NodeChannel):
     ) -> Located:
         return await self._run(calls.locate(namespace_id, keys, position))
 
-    async def pool_status(self) -> PoolReport:
-        return await self._run(calls.pool_status())
+    async def pool_status(self, sample_blocks: int = 0) -> PoolReport:
+        return await self._run(calls.pool_status(sample_blocks))

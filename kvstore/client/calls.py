@@ -121,8 +121,9 @@ def locate(
     return Call("store", "Locate", request, lambda r: wire.located_from_pb(r, len(keys)))
 
 
-def pool_status() -> Call[PoolReport]:
-    return Call("store", "PoolStatus", pb.PoolStatusRequest(), wire.pool_report_from_pb)
+def pool_status(sample_blocks: int = 0) -> Call[PoolReport]:
+    request = pb.PoolStatusRequest(sample_blocks=sample_blocks)
+    return Call("store", "PoolStatus", request, wire.pool_report_from_pb)
 
 
 def stats() -> Call[StoreStats]:

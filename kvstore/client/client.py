@@ -256,6 +256,8 @@ class Client(NodeChannel):
         its chain where it is not the root (`ChainPosition.of`)."""
         return self._run(calls.locate(namespace_id, keys, position))
 
-    def pool_status(self) -> PoolReport:
-        """The pool as this node sees it."""
-        return self._run(calls.pool_status())
+    def pool_status(self, sample_blocks: int = 0) -> PoolReport:
+        """The pool as this node sees it; with `sample_blocks`, how many live nodes hold
+        each of that many blocks of the index (`holders_sampled`; for callers that see the
+        node, as what its members hold)."""
+        return self._run(calls.pool_status(sample_blocks))

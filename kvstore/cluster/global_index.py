@@ -23,11 +23,11 @@ and by each key's expiry (`entry_ttl_s`, renewed by the holders' republishing).
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from kvstore.cluster.membership import PREFIX, Member
+from kvstore.cluster.membership import MEMBERS_KEY, PREFIX, Member
 from kvstore.cluster.redis_link import Redis
 from kvstore.keys import CHAIN_GROUP_BLOCKS, ChainPosition, chain_groups
 from kvstore.store.inventory import Holding
@@ -127,6 +127,25 @@ class GlobalIndex:
         found = [self._live_holders(names[i], f, live) for i, f in enumerate(answers)]
         gap = next((i for i, holders in enumerate(found) if not holders), len(found))
         return found[:gap]
+
+    def sample(self, live: Mapping[str, Member], num_blocks: int) -> dict[int, int]:
+        """How many live holders each of up to `num_blocks` blocks filed in the index has
+        (live holders -> blocks): replication as it stands, from a SCAN, off the request
+        path. Raises `redis.RedisError`."""
+        names = []
+        for name in self.redis.scan_iter(match=f"{PREFIX}:{{*", count=1000):
+            if bytes(name) != MEMBERS_KEY:
+                names.append(bytes(name))
+            if len(names) >= num_blocks:
+                break
+        pipe = self.redis.pipeline(transaction=False)
+        for name in names:
+            pipe.hgetall(name)
+        counts = Counter(
+            len(self._live_holders(name, fields, live))
+            for name, fields in zip(names, pipe.execute() if names else [], strict=True)
+        )
+        return dict(counts)
 
     def _live_holders(
         self, name: bytes, fields: Mapping[bytes, bytes], live: Mapping[str, Member]

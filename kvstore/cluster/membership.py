@@ -1,7 +1,8 @@
 """Membership: which nodes are in the pool now, each under the generation it started with.
 
 Every node keeps a record in one Redis hash (`PREFIX:{members}`, one slot: the record set
-is small): its id, generation, addresses and capacity, and a deadline on Redis's own
+is small): its id, generation, addresses, capacity and what it held at its last renewal,
+and a deadline on Redis's own
 clock, `ttl_s` past its last renewal. Deadlines are set and read by scripts that take
 Redis's `TIME`, so no two machines' clocks are compared. A node renews every `ttl_s / 4`;
 a reader takes a member as live until its deadline, counted on the reader's clock from
@@ -31,6 +32,7 @@ from kvstore.cluster.redis_link import Redis
 
 log = logging.getLogger("kvstore.cluster")
 PREFIX = "kv1"  # the index format's version: a node of another format files elsewhere
+MEMBERS_KEY = f"{PREFIX}:{{members}}".encode()
 Clock = Callable[[], float]
 
 # Sets a member's record and deadline on Redis's clock; 1 if the record was not there.
@@ -74,6 +76,7 @@ class Member:
     generation: str
     addresses: dict[str, str] = field(default_factory=dict)  # "grpc", "tcp", "ucx" -> where
     capacity: dict[str, int] = field(default_factory=dict)  # tier -> bytes
+    held: dict[str, int] = field(default_factory=dict)  # tier -> bytes held at its renewal
 
     def encode(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -88,6 +91,7 @@ class Member:
                 str(fields["generation"]),
                 {str(k): str(v) for k, v in fields["addresses"].items()},
                 {str(k): int(v) for k, v in fields["capacity"].items()},
+                {str(k): int(v) for k, v in fields.get("held", {}).items()},
             )
         except (ValueError, KeyError, TypeError, AttributeError):
             return None
@@ -105,7 +109,7 @@ class Membership:
         self.me = me
         self.ttl_s = ttl_s
         self.clock = clock
-        self.key = f"{PREFIX}:{{members}}"
+        self.key = MEMBERS_KEY.decode()
         self._renew = redis.register_script(_RENEW)
         self._read = redis.register_script(_READ)
         self._renewed_at: float | None = None  # when the last renewal that succeeded was sent

@@ -14,6 +14,7 @@ import logging
 import socket
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from redis import RedisError
 
@@ -28,6 +29,7 @@ from kvstore.store import Store
 
 log = logging.getLogger("kvstore.cluster")
 BACKOFF_S = 1.0
+MAX_SAMPLE_BLOCKS = 10_000  # index entries one status call may read
 
 
 def advertised_host(settings: PoolSettings, host: str) -> str:
@@ -97,11 +99,23 @@ class Pool:
         me = _node(self.membership.me) if self.membership else PoolNode("", {}, {})
         return Located.on_one_node(match, me, degraded=True)
 
-    def report(self) -> PoolReport:
+    def report(self, sees_node: bool = True, sample_blocks: int = 0) -> PoolReport:
+        """The pool as this node sees it; what members hold only for a caller that
+        `sees_node`, and for it how many live nodes hold each of `sample_blocks` blocks of
+        the index (empty where Redis fails)."""
         if self.membership is None or self.publisher is None:
             return PoolReport(in_pool=True, last_error="not joined yet")
         me, status = self.membership.me, self.publisher.status()
-        members = sorted(self.membership.live().values(), key=lambda m: m.node_id)
+        live = self.membership.live()
+        members = sorted(live.values(), key=lambda m: m.node_id)
+        if not sees_node:
+            members = [replace(m, held={}) for m in members]
+        sampled: dict[int, int] = {}
+        if sees_node and sample_blocks > 0:
+            try:
+                sampled = self.index.sample(live, min(sample_blocks, MAX_SAMPLE_BLOCKS))
+            except RedisError as exc:
+                log.info("event=cluster_sample_failed error=%s", exc)
         return PoolReport(
             True,
             me.node_id,
@@ -115,8 +129,11 @@ class Pool:
             status.rebuild_seconds,
             self.index.locates,
             self.index.locate_rounds,
+            sampled,
         )
 
 
 def _node(member: Member) -> PoolNode:
-    return PoolNode(member.node_id, dict(member.addresses), dict(member.capacity))
+    return PoolNode(
+        member.node_id, dict(member.addresses), dict(member.capacity), dict(member.held)
+    )

@@ -114,6 +114,8 @@ class Publisher:
         now = time.monotonic()
         try:
             if now >= self._next_renew:
+                held = {t.name: t.used_bytes for t in self.store.stats().tiers}
+                self.membership.me = replace(self.membership.me, held=held)
                 if self.membership.renew():
                     self._must_rebuild = True
                 self._next_renew = now + self.membership.ttl_s / 4

@@ -195,5 +195,9 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
 
     @_unary
     async def PoolStatus(self, request, context):
-        report = PoolReport(in_pool=False) if self.pool is None else self.pool.report()
+        if self.pool is None:
+            return wire.pool_report_to_pb(PoolReport(in_pool=False))
+        sees_node = self._caller(context).sees_node
+        # A sample reads Redis: keep the loop free meanwhile.
+        report = await asyncio.to_thread(self.pool.report, sees_node, request.sample_blocks)
         return wire.pool_report_to_pb(report)

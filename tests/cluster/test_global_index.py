@@ -130,3 +130,14 @@ def test_hostile_fields_are_no_holders(redis):
     key = GlobalIndex.block_key(NS_ID, keys[0], keys[0])
     redis.hset(key, mapping={b"a": b"\xff\xfe", b"\xff": b"x y", b"b": f"{a.generation} hbm"})
     assert index.locate(NS_ID, keys, {"a": a, "b": Member("b", a.generation)}) == []
+
+
+def test_a_sample_counts_each_blocks_live_holders(redis):
+    index = GlobalIndex(redis)
+    a, b = _member("a"), _member("b")
+    keys = chain(40)
+    index.publish(a, _holdings(keys))
+    index.publish(b, _holdings(keys[:10]))
+    assert index.sample({"a": a, "b": b}, 1000) == {1: 30, 2: 10}
+    assert sum(index.sample({"a": a, "b": b}, 5).values()) == 5
+    assert index.sample({"a": a}, 1000) == {1: 40}  # b is not live: its copies count for none

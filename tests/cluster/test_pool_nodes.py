@@ -68,13 +68,19 @@ def test_a_chain_is_located_through_any_node(store_factory, redis_single):
     assert not located.degraded
     with Client(n2.address, transport="grpc") as c:
         report = c.pool_status()
+        wait_until(
+            lambda: any(m.held.get("dram") for m in c.pool_status().members), 5.0, "n1's held"
+        )
     assert report.in_pool and report.redis_ok and report.node_id == "n2"
     assert report.num_locates >= 1 and report.num_locate_rounds == report.num_locates  # one each
     assert {m.node_id for m in report.members} == {"n1", "n2"}
     cmd = [sys.executable, "-m", "kvstore.cli", "stats", "--cluster", "--address", n2.address]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=60).stdout
     assert "in_pool=True" in out and "redis_ok=True" in out
-    assert f"member=n1 grpc={n1.address} dram_bytes={16 << 20} ssd_bytes=0" in out
+    n1_line = next(line for line in out.splitlines() if line.startswith("member=n1 "))
+    assert n1_line.startswith(f"member=n1 grpc={n1.address} dram_bytes={16 << 20} ssd_bytes=0")
+    assert int(n1_line.split("held_dram_bytes=")[1].split()[0]) >= 40 * NS.block_bytes
+    assert "sampled_blocks=40 holders_1=40" in out  # every block, one live holder each
 
 
 def test_a_killed_nodes_blocks_are_misses_within_its_ttl(store_factory, redis_single):
@@ -132,6 +138,9 @@ def test_tenants_learn_nothing_of_each_others_blocks(store_factory, redis_single
     wait_until(lambda: _located(n2.address, keys, **alice).num_located == 6, 5.0, "alice's")
     assert _located(n2.address, keys, **bob).num_located == 0
     assert _located(n1.address, keys, **bob).num_located == 0
+    with Client(n2.address, transport="grpc", **bob) as c:
+        report = c.pool_status(sample_blocks=100)  # what nodes hold is not a tenant's to see
+    assert report.holders_sampled == {} and all(not m.held for m in report.members)
 
 
 def test_a_cluster_node_with_tokens_needs_the_shared_tenant_secret(tmp_path, redis_single):
