@@ -255,3 +255,22 @@ def test_namespace_with_blocks_larger_than_a_slab_is_rejected():
     huge = Namespace("huge", KVLayout("float32", 64, 8, 128, 16))
     with pytest.raises(errors.InvalidArgumentError):
         store.register_namespace(huge)
+
+
+def test_a_late_commit_of_an_expired_attempt_never_completes_a_newer_one():
+    store = make_store(reservation_timeout_s=30.0)
+    keys = chain(2, seed=7)
+    late = store.reserve(NS.id, keys, [None, keys[0]])
+    late.write(0, 0, b"\x01" * BLOCK)  # the writer stalls here, past its deadline
+    store.clock.now += 31.0
+    newer = store.reserve(NS.id, keys, [None, keys[0]])
+    assert newer.result.statuses == (PutStatus.RESERVED,) * 2  # the stale attempt was freed
+    for i, key in enumerate(keys):
+        newer.write(i, 0, payload(key))
+    for stale in (lambda: late.write(1, 0, b"\x01" * BLOCK), late.commit):
+        with pytest.raises(errors.UnknownReservationError):
+            stale()
+    assert store.match(NS.id, keys).num_matched == 0  # the newer one is not done yet
+    assert newer.commit() == 2
+    assert store.read(NS.id, keys) == [payload(k) for k in keys]
+    store.check_integrity()
