@@ -66,10 +66,14 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     # grpc.aio's process-wide poller can wake the embedded server's closed loop once more
     # (at shutdown or interpreter exit); asyncio would log that harmless EBADF as an error.
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    demo = DemoConfig(num_users=args.users)
+    if args.store:
+        reports = run_demo(args.store, demo, console, pool=args.store_pool)
+        return 0 if all(r.is_intact for r in reports) else 1
     store_config = StoreConfig(dram_bytes=cfg.parse_bytes(args.dram_bytes))
     with EmbeddedServer(store_config) as server:
         console.print(f"embedded store at {server.address}, DRAM {args.dram_bytes}")
-        reports = run_demo(server.address, DemoConfig(num_users=args.users), console)
+        reports = run_demo(server.address, demo, console)
     return 0 if all(r.is_intact for r in reports) else 1
 
 
@@ -180,6 +184,12 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="start an embedded store and run a prefix-reuse demo")
     p.add_argument("--dram-bytes", default="256MiB", help="DRAM tier of the embedded store")
     p.add_argument("--users", type=int, default=8, help="users sharing the system prompt")
+    p.add_argument("--store", default="", help="HOST:PORT of a running node instead")
+    p.add_argument(
+        "--store-pool",
+        action="store_true",
+        help="--store is HOST:PORT,HOST:PORT,... of a global pool: match, load and put there",
+    )
     p.set_defaults(func=_cmd_demo, log_level="WARNING")  # the table, not the server's log
 
 

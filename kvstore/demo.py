@@ -5,11 +5,14 @@ the data plane the client picked: shared memory on the node's host, else TCP or 
 gRPC) straight into arrays, and
 "computes" the rest (synthetic KV bytes derived from the key, standing in for prefill),
 then publishes the new blocks. Every loaded block is checked against the bytes that were
-stored for its key.
+stored for its key. Against a global pool (`pool=True`) the same goes through
+`PoolClient`: matched and loaded from wherever the pool holds the blocks, put as it places
+them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 from dataclasses import dataclass
@@ -22,7 +25,8 @@ from rich.progress import track
 from rich.table import Table
 
 from kvstore.client import Client
-from kvstore.keys import KVLayout, Namespace, block_keys
+from kvstore.client.pool_client import PoolClient
+from kvstore.keys import ChainPosition, KVLayout, Namespace, block_keys
 
 DEMO_NAMESPACE = Namespace("demo-llama-tiny", KVLayout("float16", 4, 2, 64, 64))
 
@@ -70,7 +74,7 @@ def _prompts(config: DemoConfig) -> list[tuple[str, list[int]]]:
     return prompts
 
 
-def _serve_request(client: Client, name: str, tokens: list[int]) -> RequestReport:
+def _serve_request(client: Client | PoolClient, name: str, tokens: list[int]) -> RequestReport:
     ns = DEMO_NAMESPACE
     keys = block_keys(ns, tokens)
     t0 = time.perf_counter()
@@ -79,7 +83,7 @@ def _serve_request(client: Client, name: str, tokens: list[int]) -> RequestRepor
     loaded = [np.empty(ns.block_bytes, np.uint8) for _ in range(num_hit)]
     found = client.get_into(ns.id, keys[:num_hit], loaded) if num_hit else ()
     t2 = time.perf_counter()
-    plane = client.plane if num_hit else ""
+    plane = "" if not num_hit else client.plane if isinstance(client, Client) else "the pool"
     is_intact = all(found) and all(
         np.array_equal(b, synthetic_block(k, ns.block_bytes))
         for k, b in zip(keys, loaded, strict=False)
@@ -87,7 +91,12 @@ def _serve_request(client: Client, name: str, tokens: list[int]) -> RequestRepor
     new_keys = keys[num_hit:]
     blocks = [synthetic_block(k, ns.block_bytes) for k in new_keys]
     parent = keys[num_hit - 1] if num_hit else None
-    stored = client.put_chain(ns.id, new_keys, blocks, parent).num_stored if new_keys else 0
+    stored = 0
+    if new_keys and isinstance(client, PoolClient):
+        position = ChainPosition.of(keys, num_hit)
+        stored = client.put_chain(ns.id, new_keys, blocks, parent, position).num_stored
+    elif new_keys:
+        stored = client.put_chain(ns.id, new_keys, blocks, parent).num_stored
     t3 = time.perf_counter()
     return RequestReport(
         name,
@@ -104,17 +113,22 @@ def _serve_request(client: Client, name: str, tokens: list[int]) -> RequestRepor
     )
 
 
-def run_demo(address: str, config: DemoConfig, console: Console) -> list[RequestReport]:
-    """Runs the demo against the store at `address` and prints what each request did."""
-    with Client(address) as client:
-        client.wait_ready()
+def run_demo(
+    address: str, config: DemoConfig, console: Console, pool: bool = False
+) -> list[RequestReport]:
+    """Runs the demo against the store at `address` (with `pool`: the global pool that the
+    comma-separated nodes `address` are of) and prints what each request did."""
+    seeds = address.split(",")
+    with Client(seeds[0]) as home, contextlib.ExitStack() as stack:
+        home.wait_ready()
+        client = stack.enter_context(PoolClient(seeds)) if pool else home
         client.register_namespace(DEMO_NAMESPACE)
         prompts = _prompts(config)
         reports = [
             _serve_request(client, name, tokens)
             for name, tokens in track(prompts, description="requests", console=console)
         ]
-        stats = client.stats()
+        stats = home.stats()
     planes = ", ".join(sorted({r.plane for r in reports if r.plane})) or "none"
     console.print(_table(reports))
     total_blocks = sum(r.num_blocks for r in reports)
@@ -126,7 +140,8 @@ def run_demo(address: str, config: DemoConfig, console: Console) -> list[Request
         f"loaded {loaded / 2**20:.1f} MiB in {load_s * 1e3:.1f} ms "
         f"({loaded / max(load_s, 1e-9) / 1e9:.2f} GB/s over {planes})\n"
         f"stored {sum(r.bytes_stored for r in reports) / 2**20:.1f} MiB; "
-        f"store holds {stats.num_blocks} blocks, {stats.evictions} evictions\n"
+        f"{'the first node' if pool else 'store'} holds {stats.num_blocks} blocks, "
+        f"{stats.evictions} evictions\n"
         f"all loaded blocks intact: {all(r.is_intact for r in reports)}"
     )
     return reports

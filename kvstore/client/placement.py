@@ -14,9 +14,11 @@ piece's first key weighted by the nodes' capacities (each node scores `-ln(u) / 
 - a piece goes to the same node from every writer while the pool's members stay the same,
   and a member joining or leaving moves only the pieces it wins or held.
 
-Locality: the writer's own node takes a piece where it is one of the piece's two best
-nodes and no smaller than the best (so it never takes more than its share for being
-small), and neighbouring pieces that land on one node go in one put.
+Locality: the writer's own node takes a put's first piece (the head of what it wrote, the
+part its next turn reads first) where it is one of that piece's two best nodes and no
+smaller than the best (so it never takes more than its share for being small); later
+pieces go to their best node, so a long prefix spreads even over two nodes. Neighbouring
+pieces that land on one node go in one put.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ def place(
     root), over `nodes` (address -> capacity in bytes), `home` being the writer's own."""
     if not keys:
         return []
+    if not nodes:
+        return [Piece(0, len(keys), home, position)]
     depth = 0 if position is None else position.depth
     groups = chain_groups(keys, position)
     pieces: list[Piece] = []
@@ -59,7 +63,7 @@ def place(
     while start < len(keys):
         stop = min(len(keys), start + CHAIN_GROUP_BLOCKS - (depth + start) % CHAIN_GROUP_BLOCKS)
         here = position if start == 0 else ChainPosition(depth + start, groups[start])
-        address = choose(keys[start], nodes, home)
+        address = choose(keys[start], nodes, home if start == 0 else None)
         if pieces and pieces[-1].address == address:  # one put continues the chain
             pieces[-1] = pieces[-1]._replace(stop=stop)
         else:
@@ -68,10 +72,9 @@ def place(
     return pieces
 
 
-def choose(key: bytes, nodes: Mapping[str, int], home: str) -> str:
-    """The node a piece that starts at `key` goes to (`home` where `nodes` is empty)."""
-    if not nodes:
-        return home
+def choose(key: bytes, nodes: Mapping[str, int], home: str | None) -> str:
+    """The node of `nodes` a piece that starts at `key` goes to: its best, or `home`
+    where that is one of the two best and no smaller than the best."""
     weights = {a: float(c) for a, c in nodes.items()} if any(nodes.values()) else {}
     ranked = sorted(nodes, key=lambda a: (_score(key, a, weights.get(a, 1.0)), a))
     best = ranked[0]

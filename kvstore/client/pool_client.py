@@ -181,7 +181,10 @@ class PoolClient:
         if failed:  # placed again without the nodes that failed (home where none is left)
             members = {a: c for a, c in members.items() if not self._is_failing(a)}
             again = [
-                p._replace(address=placement.choose(keys[p.start], members, home)) for p in failed
+                p._replace(
+                    address=placement.choose(keys[p.start], members, home) if members else home
+                )
+                for p in failed
             ]
             results = [r for r in results if r is not None]
             results += self._put_pieces(namespace_id, keys, blocks, parent, again)

@@ -68,6 +68,18 @@ def test_the_writers_node_is_preferred_only_where_it_costs_no_balance():
     assert share < 1 / 9 + 0.03  # never more than its capacity's share
 
 
+def test_a_puts_first_piece_stays_home_and_the_rest_spread_even_over_two_nodes():
+    two = {"home": GiB, "b": GiB}
+    later = []
+    for seed in range(200):
+        keys = [(seed << 16 | i).to_bytes(4, "big") * 8 for i in range(4 * CHAIN_GROUP_BLOCKS)]
+        pieces = place(keys, None, two, "home")
+        assert pieces[0].address == "home"
+        for group in range(CHAIN_GROUP_BLOCKS, len(keys), CHAIN_GROUP_BLOCKS):
+            later += [p.address for p in pieces if p.start <= group < p.stop]
+    assert 0.4 < later.count("home") / len(later) < 0.6
+
+
 def test_without_members_everything_goes_home():
     keys = _chain(70)
     assert [(p.start, p.stop, p.address) for p in place(keys, None, {}, "me")] == [(0, 70, "me")]

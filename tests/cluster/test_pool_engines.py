@@ -3,9 +3,13 @@ computes and publishes to its node, the second loads from that node through its 
 lookup, with the same output; and with that node SIGKILLed the second engine still answers
 the same tokens, recomputing (a node's failure never raises in an engine). An engine whose
 own cache holds a prompt's head loads the rest from the pool, put on another node than the
-head's at its stated place in the chain."""
+head's at its stated place in the chain. `kvstore demo --store-pool` runs on a pool as on
+one node."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 from gpu_engine.sampling import SamplingParams
 from kvstore.client import Client
@@ -65,3 +69,21 @@ def test_an_engine_loads_the_rest_of_a_prompt_whose_head_it_holds(
     loaded = second.generate(prompt, GREEDY)  # the head from its cache, the rest from n1
     assert loaded.usage.store_cached_tokens == 3 * BLOCK
     assert loaded.output_token_ids == out.output_token_ids
+
+
+def test_the_demo_runs_on_a_pool(store_factory, redis_single):
+    n1, n2 = (_serve(store_factory, redis_single.url, name) for name in ("n1", "n2"))
+    with Client(n1.address, transport="grpc") as c:
+        wait_until(lambda: len(c.pool_status().members) == 2, 10.0, "both nodes members")
+    seeds = f"{n1.address},{n2.address}"
+    cmd = [sys.executable, "-m", "kvstore.cli", "demo", "--store", seeds, "--store-pool"]
+    out = subprocess.run([*cmd, "--users", "2"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())
+    assert "hit blocks 106/162" in text  # as on one node (tests/test_demo.py)
+    assert "all loaded blocks intact: True" in text
+    held = []
+    for node in (n1, n2):
+        with Client(node.address, transport="grpc") as c:
+            held.append(c.stats().num_blocks)
+    assert sum(held) == 162 - 106  # every block computed was put once, on one node or other
