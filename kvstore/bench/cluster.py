@@ -22,6 +22,10 @@ For each node count N (`--nodes 1,2,3`) it starts a real Redis and N `kvstore se
   semantics;
 - `errors`: calls that raised, and blocks read back wrong.
 
+`--simulate 10,100,300`: the pool at that many nodes in simulation instead
+(`kvstore.bench.cluster_scale`: Redis commands a second, lookups and fan-out per request,
+the primaries that takes).
+
 `--kill`: the failure run instead. Two nodes; a chain on the first; the first SIGKILLed;
 `seconds_to_miss` is how long until the second node's lookups miss it, and `max_call_s`
 the longest any client call waited meanwhile (the read deadline bounds it).
@@ -39,7 +43,6 @@ import contextlib
 import statistics
 import tempfile
 import time
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import cast
@@ -47,17 +50,18 @@ from typing import cast
 import numpy as np
 from rich.console import Console
 
-from kvstore.bench import trace_file
+from kvstore.bench import cluster_scale, trace_file
 from kvstore.bench.load_server import ServerProcess, serve
 from kvstore.bench.options import extra_of
+from kvstore.bench.pool_model import PoolModel
 from kvstore.bench.redis_servers import RedisServer, redis_server
 from kvstore.bench.report import Row, progress_bar
 from kvstore.bench.suites import SuiteOptions
 from kvstore.bench.trace_file import TraceLine, hit_ratio
-from kvstore.client import Client, placement
+from kvstore.client import Client
 from kvstore.client.pool_client import PoolClient
 from kvstore.config import parse_bytes
-from kvstore.keys import ChainPosition, KVLayout, Namespace, block_keys
+from kvstore.keys import KVLayout, Namespace, block_keys
 
 TTL_S = 1.0
 READ_DEADLINE_S = 2.0
@@ -73,20 +77,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", type=Path, default=trace_file.DEFAULT_TRACE)
     parser.add_argument("--capacity", type=float, default=0.1, help="of the distinct blocks")
     parser.add_argument("--kill", action="store_true", help="the failure run instead")
+    parser.add_argument(
+        "--simulate", default="", help="node counts to simulate instead (e.g. 10,100,300)"
+    )
 
 
 def run(options: SuiteOptions) -> list[Row]:
     extra = {k: v for k, v in extra_of(options).items() if v is not None}
     if extra.get("kill"):
         return [_kill_run()]
+    trace = cast(Path, extra.get("trace", trace_file.DEFAULT_TRACE))
+    capacity = cast(float, extra.get("capacity", 0.1))
+    if extra.get("simulate"):
+        counts = [int(n) for n in str(extra["simulate"]).split(",")]
+        return cluster_scale.simulate(trace_file.load_trace(trace), counts, capacity)
     counts = [int(n) for n in str(extra.get("nodes", "1,2,3")).split(",")]
     chains = cast(int, extra.get("chains", 16)) // (4 if options.quick else 1)
     blocks = cast(int, extra.get("chain_blocks", 32))
     shape = (max(chains, 2), blocks, cast(int, extra.get("block_bytes", 256 << 10)))
     rounds = 1 if options.quick else cast(int, extra.get("rounds", 5))
-    trace = cast(Path, extra.get("trace", trace_file.DEFAULT_TRACE))
     requests = trace_file.load_trace(trace, 2000 if options.quick else None)
-    capacity = cast(float, extra.get("capacity", 0.1))
     rows = []
     with progress_bar("cluster", total=len(counts)) as advance:
         for n in counts:
@@ -263,40 +273,10 @@ def _hit_ratios(requests: Sequence[TraceLine], n: int, fraction: float) -> Row:
 
 
 def _replay(requests: Sequence[TraceLine], n: int, capacity: int, shared: bool) -> float:
-    """Requests round robin over `n` LRU caches of capacity/n blocks each. Per-node caches
-    (not `shared`): a block hits if the serving node holds it, and what missed is stored
-    there. The global pool (`shared`): a block hits if any node holds it, and what missed
-    is placed as the pool client places a put (`kvstore.client.placement`). A hit
-    refreshes the block where it is held."""
-    caches: list[OrderedDict[bytes, None]] = [OrderedDict() for _ in range(n)]
-    per_node = capacity // n
-    nodes = {str(k): per_node for k in range(n)}
-    num_hit = []
-    for i, req in enumerate(requests):
-        keys = [h.to_bytes(8, "big", signed=True) * 4 for h in req.hash_ids]
-        home = i % n
-        holders = caches if shared else [caches[home]]
-        hits = 0
-        for key in keys:
-            holder = next((c for c in holders if key in c), None)
-            if holder is None:
-                break
-            holder.move_to_end(key)
-            hits += 1
-        num_hit.append(hits)
-        new = keys[hits:]
-        pieces = (
-            placement.place(new, ChainPosition.of(keys, hits), nodes, str(home))
-            if shared and new
-            else [placement.Piece(0, len(new), str(home), None)]
-        )
-        for piece in pieces:
-            cache = caches[int(piece.address)]
-            for key in new[piece.start : piece.stop]:
-                cache[key] = None
-                if len(cache) > per_node:
-                    cache.popitem(last=False)
-    return hit_ratio(requests, num_hit, "tokens")
+    """The token hit ratio of `requests` served round robin by `n` nodes of capacity/n
+    blocks each, a global pool (`shared`) or per-node caches (`PoolModel`)."""
+    model = PoolModel(n, capacity // n, shared)
+    return hit_ratio(requests, [model.serve(r.hash_ids).num_hit for r in requests], "tokens")
 
 
 # -- the failure run -------------------------------------------------------------------------
@@ -350,6 +330,8 @@ def failures(rows: Sequence[Row]) -> list[str]:
     missed = []
     for row in rows:
         n, value = row.get("nodes"), _reader(row)
+        if row.get("simulated"):  # an estimate: no targets
+            continue
         if row.get("errors") != 0:
             missed.append(f"{n} nodes: {row.get('errors')} errors")
         if "seconds_to_miss" in row:

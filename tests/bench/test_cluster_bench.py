@@ -1,6 +1,7 @@
 """`kvstore-bench cluster` over real nodes and a real Redis, small: every field the issue's
 JSON names is measured (a number, none NaN), no call errs, a lookup is one Redis round trip;
-the failure run measures seconds to miss; and a target missed or not measured fails the
+the failure run measures seconds to miss; the simulation at many nodes runs from the suite;
+and a target missed or not measured fails the
 suite."""
 
 from __future__ import annotations
@@ -33,6 +34,13 @@ def test_the_failure_run_measures_seconds_to_miss():
     assert row["errors"] == 0
     assert 0 < row["seconds_to_miss"] <= 3.0
     assert row["max_call_s"] <= row["read_deadline_s"] + 0.5
+
+
+def test_the_simulation_runs_from_the_suite_and_sets_no_target():
+    rows = cluster.run(SuiteArgs(extra={"simulate": "1,50"}))
+    assert [row["nodes"] for row in rows] == [1, 50]
+    assert all(row["redis_commands_per_s"] > 0 and row["redis_primaries"] >= 1 for row in rows)
+    assert cluster.failures(rows) == []
 
 
 def test_a_target_missed_or_not_measured_fails_the_suite():
