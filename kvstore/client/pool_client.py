@@ -175,7 +175,7 @@ class PoolClient:
             )
         home = self._home()
         members = {a: c for a, c in self._live_members().items() if not self._is_failing(a)}
-        pieces = placement.place(keys, position, members or {home: 0}, home)
+        pieces = placement.place(keys, position, members, home)
         results = self._put_pieces(namespace_id, keys, blocks, parent, pieces)
         failed = [p for p, result in zip(pieces, results, strict=True) if result is None]
         if failed:  # placed again without the nodes that failed (home where none is left)
@@ -239,7 +239,9 @@ class PoolClient:
         if not keys:
             return ()
         home = self._home()
-        found = list(self._read(home, namespace_id, keys, buffers, list(range(len(keys)))))
+        found = [False] * len(keys)
+        if not self._is_failing(home):
+            found = list(self._read(home, namespace_id, keys, buffers, list(range(len(keys)))))
         start = next((i for i, hit in enumerate(found) if not hit), len(found))
         if start == len(keys):
             return tuple(found)
@@ -416,9 +418,12 @@ class PoolClient:
         return next((s for s in self.seeds if not self._is_failing(s)), self.seeds[0])
 
     def _on_home(self, call: Any) -> Any:
-        """`call(client)` on the home node, then on the other seeds where it fails."""
-        last: BaseException | None = None
+        """`call(client)` on the home node, then on the other seeds where it fails (none
+        left out is dialled: `UnavailableError` where every seed is)."""
+        last: BaseException = errors.UnavailableError("every seed is left out for now")
         for address in dict.fromkeys([self._home(), *self.seeds]):
+            if self._is_failing(address):
+                continue
             try:
                 return call(self._client(address))
             except NODE_FAILURES as exc:
@@ -426,7 +431,6 @@ class PoolClient:
                     raise  # the node answered: the call itself was refused
                 self._leave_out(address, exc)
                 last = exc
-        assert last is not None
         raise last
 
     def _client(self, address: str) -> Client:

@@ -147,9 +147,11 @@ class BlockIndex:
         if parent is not None and parent.depth >= 0:
             entry.depth = parent.depth + 1
             entry.group = entry.key if entry.depth % CHAIN_GROUP_BLOCKS == 0 else parent.group
+        elif entry.depth >= 0 and entry.group is not None:
+            pass  # the place its writer stated (its parent is held on another node)
         elif entry.parent_id is None:
             entry.depth, entry.group = 0, entry.key
-        elif entry.depth < 0 or entry.group is None:  # not a position its writer stated
+        else:
             entry.depth, entry.group = -1, None
 
     def is_named_parent(self, bid: bytes) -> bool:

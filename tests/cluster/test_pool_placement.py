@@ -15,6 +15,7 @@ from kvstore.client import Client
 from kvstore.client.placement import place
 from kvstore.client.pool_client import PoolClient
 from kvstore.keys import CHAIN_GROUP_BLOCKS, ChainPosition
+from tests.cluster.test_pool_client import _hits
 from tests.cluster.test_pool_nodes import NS, _chain, _serve
 from tests.conftest import wait_until
 
@@ -37,11 +38,6 @@ def _pool_of(store_factory, redis_url: str, n: int):
 def _num_blocks(address: str) -> int:
     with Client(address, transport="grpc") as c:
         return c.stats().num_blocks
-
-
-def _hits(address: str) -> int:
-    with Client(address, transport="grpc") as c:
-        return c.stats().hits
 
 
 def _read_back(pool: PoolClient, ns_id: bytes, keys: list[bytes]) -> bool:
