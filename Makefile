@@ -15,9 +15,10 @@ demo: $(BIN)/.installed
 	$(BIN)/kvstore demo
 
 # KVSTORE_REQUIRE_EXTRAS: a test whose extra (ucxx, torch, safetensors, matplotlib) is missing
-# fails instead of skipping, as the vLLM tests do under test-vllm.
+# fails instead of skipping, as the vLLM tests do under test-vllm. The slowest tests are
+# listed at the end (CI's time is budgeted).
 test: $(BIN)/.installed lint docs redis
-	KVSTORE_REQUIRE_EXTRAS=1 $(BIN)/pytest -q
+	KVSTORE_REQUIRE_EXTRAS=1 $(BIN)/pytest -q --durations=15
 	$(MAKE) test-vllm
 
 # The cluster tests start their own Redis and Redis Cluster servers (Debian's redis-server).
@@ -56,7 +57,7 @@ $(VLLM_BIN)/.installed: pyproject.toml
 
 .PHONY: test-vllm
 test-vllm: $(VLLM_BIN)/.installed
-	KVSTORE_REQUIRE_VLLM=1 $(VLLM_BIN)/pytest -q -m vllm tests/integrations/vllm tests/conductor/test_vllm.py tests/test_layers.py
+	KVSTORE_REQUIRE_VLLM=1 $(VLLM_BIN)/pytest -q --durations=5 -m vllm tests/integrations/vllm tests/conductor/test_vllm.py tests/test_layers.py
 
 # LMCache, the peer of `kvstore-bench vllm`, pins its own grpcio/protobuf: a venv of its own.
 LMCACHE_VENV ?= .venv-lmcache
