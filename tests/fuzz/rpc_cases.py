@@ -201,7 +201,12 @@ MESSAGES = {
     "RegisterNamespace": st.builds(pb.RegisterNamespaceRequest, namespace=namespaces),
     "Match": st.builds(pb.MatchRequest, namespace_id=ns_ids, keys=key_lists),
     "Reserve": st.builds(
-        pb.ReserveRequest, namespace_id=ns_ids, keys=key_lists, parent_keys=parent_lists
+        pb.ReserveRequest,
+        namespace_id=ns_ids,
+        keys=key_lists,
+        parent_keys=parent_lists,
+        chain_depth=u32,
+        chain_group=st.one_of(st.just(b""), any_key),
     ),
     "Commit": st.builds(pb.CommitRequest, reservation_id=u64),
     "Abort": st.builds(pb.AbortRequest, reservation_id=u64),
@@ -212,8 +217,14 @@ MESSAGES = {
         transport=st.one_of(st.just("ucx"), texts),
         client_address=st.binary(max_size=600),
     ),
-    "Locate": st.builds(pb.LocateRequest, namespace_id=ns_ids, keys=key_lists),
-    "PoolStatus": st.builds(pb.PoolStatusRequest),
+    "Locate": st.builds(
+        pb.LocateRequest,
+        namespace_id=ns_ids,
+        keys=key_lists,
+        chain_depth=u32,
+        chain_group=st.one_of(st.just(b""), any_key),
+    ),
+    "PoolStatus": st.builds(pb.PoolStatusRequest, sample_blocks=u32),
     "Get": st.builds(pb.GetRequest, namespace_id=ns_ids, keys=key_lists),
     "Write": st.builds(
         pb.WriteChunk, reservation_id=u64, index=u32, offset=u64, data=st.binary(max_size=64)
