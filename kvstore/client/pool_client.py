@@ -116,6 +116,11 @@ class PoolClient:
         """The home node's data-plane connection (made now: not inside a first request)."""
         return self._client(self._home()).data_plane()
 
+    def node(self, address: str) -> Client:
+        """The client of the node at `address` ("host:port"), the one this pool client
+        reads and puts through (made once)."""
+        return self._client(address)
+
     # -- control -------------------------------------------------------------------------
 
     def register_namespace(self, namespace: Namespace) -> NamespaceInfo:
@@ -143,6 +148,13 @@ class PoolClient:
     ) -> MatchResult:
         """The longest prefix of `keys` the pool holds: what the home node holds of it, and
         the rest located (no lookup where the home node holds it all)."""
+        return self.match_from_home(namespace_id, keys, position)[0]
+
+    def match_from_home(
+        self, namespace_id: bytes, keys: Sequence[bytes], position: ChainPosition | None = None
+    ) -> tuple[MatchResult, int]:
+        """`match`, and how many of its leading blocks the home node holds (the rest are on
+        other nodes)."""
         try:
             local = self._on_home(lambda client: client.match(namespace_id, keys))
         except NODE_FAILURES as exc:
@@ -150,10 +162,10 @@ class PoolClient:
             local = MatchResult(0, ())
         start = local.num_matched
         if start == len(keys):
-            return local
+            return local, start
         rest = self.locate(namespace_id, keys[start:], ChainPosition.of(keys, start, position))
         tiers = local.tiers + tuple(block[0][1] for block in rest.blocks)
-        return MatchResult(len(tiers), tiers)
+        return MatchResult(len(tiers), tiers), start
 
     def put_chain(
         self,

@@ -58,6 +58,8 @@ def test_replicas_load_in_parallel_byte_for_byte(store_factory, redis_single):
     with PoolClient([n0.address], read_deadline_s=DEADLINE_S, hot_reads=0) as pool:
         pool.register_namespace(NS)
         wait_until(lambda: _located_on_both(pool, ns_id, keys), 5.0, "both holders filed")
+        matched, num_home = pool.match_from_home(ns_id, keys)
+        assert (matched.num_matched, num_home) == (128, 0)  # all of it elsewhere
         before = (_hits(n1.address), _hits(n2.address))
         assert _whole(pool, ns_id, keys)
         after = (_hits(n1.address), _hits(n2.address))
@@ -76,6 +78,7 @@ def test_a_chain_the_home_node_holds_whole_is_read_from_it_with_no_lookup(
             for _ in range(3):
                 assert _whole(pool, ns_id, keys)
             assert pool.match(ns_id, keys).num_matched == 64
+            assert pool.match_from_home(ns_id, keys)[1] == 64
             assert c.pool_status().num_locates == locates
         assert _hits(n2.address) == n2_hits and pool.num_copies == 0
 

@@ -24,7 +24,11 @@ class ConnectorConfig:
     """How the connector reaches the store and names its blocks.
 
     Args:
-        address: "host:port" of the store node.
+        address: "host:port" of the store node; with `pool`, nodes of the pool
+            ("host:port,host:port"), the first the node beside this engine (its home).
+        pool: the store is a global pool (`kvstore serve --cluster`): the scheduler
+            matches what the whole pool holds (`PoolClient`), loads read every block from a
+            node that holds it, and saves are placed over the pool's nodes.
         model_id: namespace model id; empty means vLLM's model name. Processes that
             should share blocks must agree on it.
         timeout_s: deadline of each store call; a slow store costs at most this per step.
@@ -50,6 +54,7 @@ class ConnectorConfig:
     """
 
     address: str = "127.0.0.1:50051"
+    pool: bool = False
     model_id: str = ""
     timeout_s: float = 5.0
     transport: str = "auto"
@@ -63,8 +68,9 @@ class ConnectorConfig:
     log_level: str = ""
 
     def __post_init__(self) -> None:
-        if ":" not in self.address:
-            raise InvalidArgumentError(f"address must be host:port, got {self.address!r}")
+        if not all(":" in seed and "," not in seed for seed in self.seeds):
+            what = "host:port[,host:port...] with pool" if self.pool else "host:port"
+            raise InvalidArgumentError(f"address must be {what}, got {self.address!r}")
         if self.timeout_s <= 0:
             raise InvalidArgumentError("timeout_s must be positive")
         if self.transport not in TRANSPORT_CHOICES:
@@ -75,6 +81,11 @@ class ConnectorConfig:
             raise InvalidArgumentError("load_buffers must be even and >= 2")
         if self.log_level and self.log_level.upper() not in _LOG_LEVELS:
             raise InvalidArgumentError(f"log_level must be one of {_LOG_LEVELS}")
+
+    @property
+    def seeds(self) -> list[str]:
+        """The node addresses of `address`: one, or several with `pool`."""
+        return self.address.split(",") if self.pool else [self.address]
 
     def auth_token(self) -> str:
         """The token in `auth_token_file`, or "" without one."""
@@ -87,7 +98,7 @@ class ConnectorConfig:
         unknown = sorted(set(fields) - set(cls.__dataclass_fields__))
         if unknown:
             raise InvalidArgumentError(f"unknown kvstore connector settings: {unknown}")
-        for name in ("save", "load_by_layer", "share_pages"):
+        for name in ("pool", "save", "load_by_layer", "share_pages"):
             if name in fields:
                 fields[name] = str(fields[name]).lower() not in ("0", "false", "no")
         for name, convert in _NUMBERS.items():

@@ -23,6 +23,11 @@ dropped (counted, logged as `event=save_dropped`, and totalled at shutdown as
 `event=publish_stats`), and a chain cut by a drop is not continued. A block that cannot be
 loaded is reported to vLLM, which recomputes it; only a fully received prefix counts
 (`loaded_prefix_len`), and the model never reads a block the connector did not fill.
+
+On a pool (`kvstore.pool`: `kvstore.address` names several nodes, the first beside this
+engine), the scheduler matches through `PoolClient`, a load some of whose blocks are on
+other nodes is read by it through the staging pool (`BlockTransfer.remote`), and saves are
+placed over the pool's nodes with their chain positions.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from kvstore.client import Client
+from kvstore.client.pool_client import PoolClient
 from kvstore.client.publishing import BlockPublisher
 from kvstore.errors import KVStoreError
 from kvstore.integrations.load_phases import LoadResult, PhaseClock, PhaseTotals
@@ -83,13 +89,21 @@ class KVStoreConnector(KVConnectorBase_V1):
         self.config = ConnectorConfig.from_extra_config(extra)
         route_through_vllm(self.config.log_level)
         self.block_tokens = vllm_config.cache_config.block_size
-        self._client = Client(
-            self.config.address,
-            timeout_s=self.config.timeout_s,
-            transport=self.config.transport,
-            auth_token=self.config.auth_token(),
-            tls_ca=self.config.tls_ca,
-        )
+        settings: dict[str, Any] = {
+            "transport": self.config.transport,
+            "auth_token": self.config.auth_token(),
+            "tls_ca": self.config.tls_ca,
+        }
+        # With a pool: the node beside the engine through the pool client, which reads
+        # and puts what it does not hold.
+        self._pool: PoolClient | None = None
+        if self.config.pool:
+            seeds = self.config.seeds
+            self._pool = PoolClient(seeds, read_deadline_s=self.config.timeout_s, **settings)
+            self._client = self._pool.node(seeds[0])
+        else:
+            self._client = Client(self.config.address, timeout_s=self.config.timeout_s, **settings)
+        self._pool_namespaces: set[bytes] = set()  # worker: registered with the pool client
         # Scheduler state.
         self._namespaces: dict[str, Namespace] = {}  # cache_salt -> registered namespace
         self._requests: dict[str, RequestBlocks] = {}
@@ -120,7 +134,7 @@ class KVStoreConnector(KVConnectorBase_V1):
         if key not in self._namespaces:
             ns = namespace_for(self._vllm_config, self.config.model_id, salt)
             try:
-                self._client.register_namespace(ns)
+                (self._pool or self._client).register_namespace(ns)
             except KVStoreError as exc:
                 log.warning("event=register_failed error=%s", type(exc).__name__)
                 return None
@@ -139,14 +153,20 @@ class KVStoreConnector(KVConnectorBase_V1):
         return blocks
 
     def _num_matched_blocks(self, blocks: RequestBlocks, num_loadable: int) -> int:
+        """The stored prefix of the loadable blocks; notes how much of it is on the node
+        beside the engine (`RequestBlocks.num_home`)."""
         keys = blocks.keys[:num_loadable]
         if not keys:
             return 0
+        if self._pool is not None:  # never raises: what fails is a miss
+            matched, blocks.num_home = self._pool.match_from_home(blocks.namespace.id, keys)
+            return matched.num_matched
         try:
-            return self._client.match(blocks.namespace.id, keys).num_matched
+            blocks.num_home = self._client.match(blocks.namespace.id, keys).num_matched
         except KVStoreError as exc:
             log.warning("event=match_failed req=%s error=%s", blocks.req_id, type(exc).__name__)
             return 0
+        return blocks.num_home
 
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
@@ -213,7 +233,7 @@ class KVStoreConnector(KVConnectorBase_V1):
         stop = num_computed // self.block_tokens
         num_external = self._pending_loads.get(blocks.req_id, 0)
         if num_external:
-            meta.loads.append(blocks.transfer(stop - num_external // self.block_tokens, stop))
+            meta.loads.append(blocks.load(stop - num_external // self.block_tokens, stop))
         # Blocks before this step's first token are cached locally or loaded: in the store.
         blocks.num_saved_blocks = max(blocks.num_saved_blocks, stop)
         if self.config.save:
@@ -254,7 +274,12 @@ class KVStoreConnector(KVConnectorBase_V1):
         """Pays a load's fixed costs now: the data plane and the staging pool."""
         config = self.config
         self._loader = BlockLoader(
-            self._client, paged, config.load_buffers, config.load_by_layer, config.share_pages
+            self._client,
+            paged,
+            config.load_buffers,
+            config.load_by_layer,
+            config.share_pages,
+            self._pool,
         )
         warm_up = namespace_for(self._vllm_config, WARM_UP_MODEL_ID, None)
         try:
@@ -275,11 +300,25 @@ class KVStoreConnector(KVConnectorBase_V1):
         assert isinstance(meta, KVStoreConnectorMetadata)
         for load in meta.loads:
             assert self._loader is not None, "register_kv_caches was not called"
+            self._register_with_pool(load)
             layer_load = self._loader.start_layers(load)
             if layer_load is not None:
                 self._layer_loads.append(layer_load)
             else:
-                self._account(load, self._loader.load(load), "staged")
+                mode = "remote" if self._pool is not None and load.remote else "staged"
+                self._account(load, self._loader.load(load), mode)
+
+    def _register_with_pool(self, transfer: BlockTransfer) -> None:
+        """Tells the pool client `transfer`'s namespace, so that it can name it to every
+        node it reads from or puts to (once per namespace; a failure only costs misses)."""
+        if self._pool is None or transfer.namespace_id in self._pool_namespaces:
+            return
+        try:
+            self._pool.register_namespace(transfer.namespace)
+        except KVStoreError as exc:
+            log.warning("event=register_failed error=%s", type(exc).__name__)
+            return
+        self._pool_namespaces.add(transfer.namespace_id)
 
     def _finish_layer_loads(self) -> None:
         loads, self._layer_loads = self._layer_loads, []
@@ -328,6 +367,7 @@ class KVStoreConnector(KVConnectorBase_V1):
         meta = self._get_connector_metadata()
         assert isinstance(meta, KVStoreConnectorMetadata)
         for save in meta.saves:
+            self._register_with_pool(save)
             self._offer(save)
 
     def _offer(self, save: BlockTransfer) -> None:
@@ -361,7 +401,10 @@ class KVStoreConnector(KVConnectorBase_V1):
             buffers = PagedBlocks.as_rows(blocks)
         else:
             buffers = [PagedBlocks.as_buffer(block) for block in blocks]
-        result = self._client.put_chain(save.namespace_id, keys, buffers, parent)
+        if self._pool is not None:  # placed over the pool's nodes
+            result = self._pool.put_chain(save.namespace_id, keys, buffers, parent, save.position)
+        else:
+            result = self._client.put_chain(save.namespace_id, keys, buffers, parent)
         log.debug("event=saved req=%s blocks=%d result=%s", save.req_id, len(keys), result)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
@@ -385,4 +428,7 @@ class KVStoreConnector(KVConnectorBase_V1):
                 stats.num_dropped_blocks,
                 stats.num_failed_blocks,
             )
-        self._client.close()
+        if self._pool is not None:
+            self._pool.close()  # its node clients too
+        else:
+            self._client.close()

@@ -22,6 +22,12 @@ pages with it in place (`Client.share`: same addresses, same bytes, moved onto m
 node maps, every page mapped on both sides as it is shared), so the node copies each part
 straight into vLLM's page and this side only checks it. `load` does that before
 the forward pass; `start_layers` beside it, layer by layer.
+
+With a pool (`PoolClient`), a load whose blocks are all on the node beside the engine goes
+as above; one the scheduler found partly on other nodes (`BlockTransfer.remote`) goes
+through the staging pool before the forward pass, each chunk read by the pool client
+(what the node beside the engine holds first, the rest from every node that holds it, at
+once), then copied into vLLM's pages.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import numpy as np
 import torch
 
 from kvstore.client import Client
+from kvstore.client.pool_client import PoolClient
 from kvstore.dataplane.shm.client import ShmClient
 from kvstore.dataplane.shm.placed_rows import PlacedRows
 from kvstore.errors import KVStoreError, NotFoundError
@@ -46,7 +53,7 @@ from kvstore.integrations.vllm.blocks import PagedBlocks
 from kvstore.integrations.vllm.layer_load import Found, LayerLoad, failed, outcome
 from kvstore.integrations.vllm.log_routing import CONNECTOR_LOG
 from kvstore.integrations.vllm.plan import BlockTransfer
-from kvstore.keys import KEY_BYTES
+from kvstore.keys import KEY_BYTES, ChainPosition
 
 log = logging.getLogger(CONNECTOR_LOG)
 WARM_UP_IN_FLIGHT = 8  # gets at once; ucxx warns when many more wait on its futures pool
@@ -69,6 +76,8 @@ class BlockLoader:
         by_layer: let `start_layers` load layer by layer where the layout allows.
         share_pages: share vLLM's pages with a node on this host where the layout allows
             (`warm_up`), so loads land in them straight; off, loads go through the pool.
+        pool: the pool `client`'s node belongs to: reads the loads the scheduler found
+            partly on other nodes.
     """
 
     def __init__(
@@ -78,9 +87,11 @@ class BlockLoader:
         num_buffers: int,
         by_layer: bool = False,
         share_pages: bool = True,
+        pool: PoolClient | None = None,
     ) -> None:
         assert num_buffers >= 2 and num_buffers % 2 == 0, "the pool is two equal halves"
         self._client = client
+        self._pool_client = pool
         self._paged = paged
         self.chunk_blocks = num_buffers // 2
         self._pool = paged.empty(num_buffers)  # (num_buffers, layers, layer_elems)
@@ -97,9 +108,12 @@ class BlockLoader:
         pass (`layer_load`), where the path and the layout allow: the data plane, and
         host pages that keep each layer's part of a block contiguous. None elsewhere: then
         `load`, before the forward pass."""
-        if not self._by_layer:
+        if not self._by_layer or self._is_remote(transfer):
             return None
         return self._start_parts(transfer)
+
+    def _is_remote(self, transfer: BlockTransfer) -> bool:
+        return self._pool_client is not None and transfer.remote
 
     def _start_parts(self, transfer: BlockTransfer) -> LayerLoad | None:
         if self._layer_rows is None:
@@ -190,13 +204,14 @@ class BlockLoader:
         Stops at the first block not found; waits for every transfer it started before it
         returns, so the pool is free again.
         """
-        if self.shared_bytes:  # straight into vLLM's pages, shared with the node
+        remote = self._is_remote(transfer)
+        if self.shared_bytes and not remote:  # straight into vLLM's pages, shared with the node
             direct = self._start_parts(transfer)
             if direct is not None:
                 return direct.finish()
         clock = PhaseClock()
         try:
-            dataplane = self._client.data_plane()
+            dataplane = None if remote else self._client.data_plane()
         except KVStoreError as exc:  # transport "ucx" and no data plane now
             return LoadResult(0, clock.done(0, 0), exc)
         clock.lap("connect")
@@ -234,6 +249,10 @@ class BlockLoader:
         start = k * self.chunk_blocks
         keys = transfer.keys[start : start + self.chunk_blocks]
         buffers = self._buffers[self._half(k % 2, len(keys))]
+        if dataplane is None and self._is_remote(transfer):
+            assert self._pool_client is not None
+            found = _get_from_pool(self._pool_client, transfer, start, buffers)
+            return _Chunk(start, k % 2, found)
         return _Chunk(start, k % 2, _get(self._client, dataplane, transfer, keys, buffers))
 
     def _scatter(self, transfer: BlockTransfer, chunk: _Chunk, num: int) -> None:
@@ -262,6 +281,18 @@ def _get(
         return done
     except Exception as exc:  # reported through the future, as the data plane's own are
         return failed(exc)
+
+
+def _get_from_pool(
+    pool: PoolClient, transfer: BlockTransfer, start: int, buffers: Sequence[np.ndarray]
+) -> Found:
+    """Blocks `start`.. of `transfer` (as many as `buffers`), read by the pool client before
+    it returns (it never raises: what no node gives back is a miss)."""
+    keys = transfer.keys[start : start + len(buffers)]
+    position = ChainPosition.of(transfer.keys, start, transfer.position)
+    done: Found = concurrent.futures.Future()
+    done.set_result(pool.get_into(transfer.namespace_id, keys, buffers, position))
+    return done
 
 
 def _host_pool(client: Client, pool: torch.Tensor) -> torch.Tensor:

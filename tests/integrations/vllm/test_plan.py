@@ -9,7 +9,7 @@ from kvstore.errors import InvalidArgumentError
 from kvstore.integrations.loaded_prefix import loaded_prefix_len
 from kvstore.integrations.vllm.config import ConnectorConfig
 from kvstore.integrations.vllm.plan import RequestBlocks, loadable_prefix_len
-from kvstore.keys import KVLayout, Namespace, block_keys
+from kvstore.keys import ChainPosition, KVLayout, Namespace, block_keys
 
 NS = Namespace("vllm/cpu/tiny", KVLayout("float32", 2, 2, 16, 4))
 
@@ -73,3 +73,31 @@ def test_config_reads_the_store_token_from_its_file(tmp_path):
     missing = ConnectorConfig.from_extra_config({"kvstore.auth_token_file": str(tmp_path / "x")})
     with pytest.raises(InvalidArgumentError, match="cannot read the token file"):
         missing.auth_token()
+
+
+def test_transfers_state_their_chain_position_and_loads_say_when_blocks_are_elsewhere():
+    blocks = RequestBlocks.from_prompt("r", NS, list(range(4 * 40)))  # 40 full blocks
+    blocks.block_ids = list(range(40))
+    blocks.num_home = 34  # the last match found blocks [0, 34) on the engine's own node
+    head = blocks.load(0, 34)
+    assert (head.position, head.remote) == (None, False)
+    rest = blocks.load(33, 40)
+    assert rest.remote
+    assert rest.position == ChainPosition.of(blocks.keys, 33)
+    assert rest.position == ChainPosition(33, blocks.keys[32])  # in the second chain group
+    assert rest.namespace_id == NS.id
+    save = blocks.take_saves(4 * 40)  # saves are never `remote`: only loads read
+    assert save is not None and (save.position, save.remote) == (None, False)
+    later = blocks.transfer(5, 6)
+    assert later.position == ChainPosition(5, blocks.keys[0])
+
+
+def test_config_reads_a_pool_of_seeds():
+    config = ConnectorConfig.from_extra_config(
+        {"kvstore.address": "a:1,b:2", "kvstore.pool": "true"}
+    )
+    assert (config.pool, config.seeds) == (True, ["a:1", "b:2"])
+    assert ConnectorConfig(address="a:1").seeds == ["a:1"]
+    for bad in ({"kvstore.address": "a:1,b:2"}, {"kvstore.address": "a:1,b", "kvstore.pool": 1}):
+        with pytest.raises(InvalidArgumentError, match="address must be"):
+            ConnectorConfig.from_extra_config(bad)
