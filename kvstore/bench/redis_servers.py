@@ -148,6 +148,33 @@ class RedisCluster:
                     raise RedisUnavailableError(f"Redis Cluster replica {server.port} never synced")
                 time.sleep(0.05)
 
+    def wait_replicated(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Waits until every live replica has every write its primary had when called:
+        replication is asynchronous, and a primary killed before that takes the rest with
+        it (its replica takes over without them)."""
+        deadline = time.monotonic() + timeout_s
+        alive = [s for s in self.servers if s.proc is not None and s.proc.poll() is None]
+        offsets = {
+            s.port: int(_info_field(s.cli("info", "replication"), "master_repl_offset"))
+            for s in alive
+        }
+        for server in alive:
+            info = server.cli("info", "replication")
+            if "role:slave" not in info:
+                continue
+            primary = int(_info_field(info, "master_port"))
+            while int(_info_field(info, "slave_repl_offset") or -1) < offsets.get(primary, 0):
+                if time.monotonic() > deadline:
+                    raise RedisUnavailableError(f"Redis Cluster replica {server.port} lags")
+                time.sleep(0.05)
+                info = server.cli("info", "replication", check=False)
+
+
+def _info_field(info: str, name: str) -> str:
+    """The value of `name` in an INFO answer ("" where it is not there)."""
+    prefix = f"{name}:"
+    return next((line[len(prefix) :] for line in info.splitlines() if line.startswith(prefix)), "")
+
 
 @contextlib.contextmanager
 def redis_cluster(primaries: int = 3, replicas: int = 0) -> Iterator[RedisCluster]:

@@ -36,14 +36,18 @@ def test_a_killed_primarys_replica_takes_over_and_other_shards_keep_serving():
         on_victim = [k for k, port in zip(chains, shards, strict=True) if port == victim.port]
         elsewhere = [k for k, port in zip(chains, shards, strict=True) if port != victim.port]
         assert elsewhere, "every chain on one shard: the tags do not spread"
+        cluster.wait_replicated()  # else the replica may take over without the last writes
         victim.stop()
         killed = time.monotonic()
         live = {"a": me}
         for keys in elsewhere:  # the other shards serve meanwhile
             assert _locate_or_none(index, keys, live) == 8
         deadline = killed + 15.0
-        while _locate_or_none(index, on_victim[0], live) != 8:
-            assert time.monotonic() < deadline, "the replica never took over"
+        while (located := _locate_or_none(index, on_victim[0], live)) != 8:
+            if time.monotonic() > deadline:  # what the survivors say, to tell why
+                survivor = next(s for s in cluster.servers if s is not victim)
+                nodes = survivor.cli("cluster", "nodes")
+                raise AssertionError(f"the replica never took over ({located=}):\n{nodes}")
             time.sleep(0.1)
         print(f"failover: located again {time.monotonic() - killed:.2f} s after the kill")
         assert all(_locate_or_none(index, keys, live) == 8 for keys in on_victim)
