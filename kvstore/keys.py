@@ -56,7 +56,11 @@ class ChainPosition(NamedTuple):
         depth = start + (0 if first is None else first.depth)
         if depth == 0:
             return None
-        return cls(depth, chain_groups(keys[: start + 1], first)[start])
+        opened = start - depth % CHAIN_GROUP_BLOCKS  # where its group opened, in `keys`
+        if opened < 0:  # before keys[0]: the group of the first
+            assert first is not None
+            return cls(depth, first.group)
+        return cls(depth, keys[opened])
 
     def check(self, key: bytes) -> None:
         """Raises `InvalidArgumentError` unless this is a position block `key` can have."""

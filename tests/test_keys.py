@@ -13,7 +13,16 @@ import numpy as np
 import pytest
 
 from kvstore.errors import InvalidArgumentError
-from kvstore.keys import KEY_BYTES, KVLayout, Namespace, block_keys, tokens_to_bytes
+from kvstore.keys import (
+    CHAIN_GROUP_BLOCKS,
+    KEY_BYTES,
+    ChainPosition,
+    KVLayout,
+    Namespace,
+    block_keys,
+    chain_groups,
+    tokens_to_bytes,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MODEL_ID = "llama-3-8b"
@@ -355,3 +364,19 @@ def test_block_bytes(overrides: dict[str, object], expected: int) -> None:
 def test_block_bytes_default_is_2_mib() -> None:
     assert _make_ns().block_bytes == 2_097_152
     assert _make_ns().block_tokens == 16
+
+
+@pytest.mark.parametrize("first_depth", [0, 1, 31, 32, 45])
+def test_a_chain_position_names_the_group_chain_groups_gives_each_block(first_depth):
+    keys = [i.to_bytes(4, "big") * 8 for i in range(3 * CHAIN_GROUP_BLOCKS + 7)]
+    first = ChainPosition(first_depth, b"g" * 32) if first_depth else None
+    if first_depth % CHAIN_GROUP_BLOCKS == 0 and first is not None:
+        first = ChainPosition(first_depth, keys[0])  # opens its group: named by itself
+    groups = chain_groups(keys, first)
+    for start in range(len(keys)):
+        position = ChainPosition.of(keys, start, first)
+        if start == 0 and first is None:
+            assert position is None  # the root
+            continue
+        assert position == ChainPosition(start + first_depth, groups[start])
+        position.check(keys[start])
