@@ -10,15 +10,17 @@ weighted in tokens ("tokens": 512 a block, the last block what is left of the pr
 from __future__ import annotations
 
 import argparse
+import functools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from kvstore.bench import trace_ablation, trace_sim
+from kvstore.bench import policy_cost, trace_ablation, trace_optimum, trace_sim
 from kvstore.bench.options import extra_of
 from kvstore.bench.report import Row, progress_bar, pyplot
 from kvstore.bench.suites import SuiteOptions
 from kvstore.bench.trace_file import (
     DEFAULT_TRACE,
+    REAL_TRACE,
     WEIGHTINGS,
     TraceLine,
     hit_ratio,
@@ -37,6 +39,9 @@ DEFAULTS: Mapping[str, object] = {
     "block_bytes": 64,
     "weighting": "tokens",
     "ablation": False,
+    "optimum": False,
+    "cost": False,
+    "real_trace": REAL_TRACE,
     "workers": 2,
 }
 # The plot's capacities, as fractions of the trace's distinct blocks, on a log axis: the
@@ -56,7 +61,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--block-bytes", type=int, default=DEFAULTS["block_bytes"], help="payload per block")
     add("--weighting", default=DEFAULTS["weighting"], choices=list(WEIGHTINGS))
     add("--ablation", action="store_true", help="what each mechanism of prefix-2q gains")
-    add("--workers", type=int, default=DEFAULTS["workers"], help="--ablation: processes")
+    add(
+        "--optimum",
+        action="store_true",
+        help="every policy as a fraction of the offline optimum, on every trace family",
+    )
+    add("--cost", action="store_true", help="each policy's time per operation at 320,000 blocks")
+    add(
+        "--real-trace",
+        type=Path,
+        default=DEFAULTS["real_trace"],
+        help="--ablation, --optimum: the real-traffic family's trace",
+    )
+    add("--workers", type=int, default=DEFAULTS["workers"], help="--ablation, --optimum: processes")
 
 
 def _settings(options: SuiteOptions) -> dict[str, object]:
@@ -125,9 +142,13 @@ def run(options: SuiteOptions) -> list[Row]:
             (`add_arguments`) come in ``extra``.
     """
     s = _settings(options)
-    if s["ablation"]:
+    if s["cost"]:
+        return policy_cost.run_cost(options.quick)
+    if s["ablation"] or s["optimum"]:
         trace, weighting = Path(str(s["trace"])), str(s["weighting"])
-        return trace_ablation.run_ablation(trace, weighting, options.quick, int(s["workers"]))  # type: ignore[call-overload]
+        make_traces = functools.partial(trace_ablation.traces, real=Path(str(s["real_trace"])))
+        run_families = trace_optimum.run_optimum if s["optimum"] else trace_ablation.run_ablation
+        return run_families(trace, weighting, options.quick, int(s["workers"]), make_traces)  # type: ignore[call-overload]
     try:
         requests = load_trace(Path(str(s["trace"])), QUICK_REQUESTS if options.quick else None)
     except (OSError, ValueError) as exc:
@@ -174,8 +195,8 @@ def _sweep(
 def plot(rows: list[Row], path: Path) -> None:
     """Hit ratio vs total capacity per policy, with Belady and unbounded; rows as points."""
     first = rows[0]
-    if "mechanism" in first:
-        raise SystemExit("--plot draws a replay, not --ablation")
+    if "trace" not in first:
+        raise SystemExit("--plot draws a replay, not --ablation, --optimum or --cost")
     requests = load_trace(Path(str(first["trace"])), int(first["requests"]))  # type: ignore[call-overload]
     weighting = str(first["weighting"])
     quick = len(requests) <= QUICK_REQUESTS

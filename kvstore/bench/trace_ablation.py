@@ -4,9 +4,11 @@ For every mechanism (`WITHOUT`), the policy with it on (`Prefix2QPolicy()`) agai
 policy with it off, as a ratio of hit ratios: 2Q itself (off: prefix-lru) and its ghost
 list (off: 2Q that forgets what it evicted). A new mechanism gets a switch in
 `Prefix2QPolicy` and a line here.
-Measured on three trace families, each at several capacities:
+Measured on four trace families, each at several capacities:
 
-- mooncake: the shared trace, its first half and its second half;
+- shared: the shared synthetic trace (`--trace`), its first half and its second half;
+- real: real conversation traffic (`--real-trace`, `trace_file.REAL_TRACE`), its first
+  half and its second half;
 - conversation and agent: traces of `kvstore.bench.trace_gen`, two seeds each.
 
 Per mechanism and family, the geometric mean and the minimum of the ratio over the
@@ -32,7 +34,13 @@ from typing import NamedTuple
 
 from kvstore.bench import trace_sim
 from kvstore.bench.report import Row, progress_bar
-from kvstore.bench.trace_file import TraceLine, hit_ratio, load_trace, sweep_capacities
+from kvstore.bench.trace_file import (
+    REAL_TRACE,
+    TraceLine,
+    hit_ratio,
+    load_trace,
+    sweep_capacities,
+)
 from kvstore.bench.trace_gen import generate
 from kvstore.store.eviction import EvictionPolicy, Prefix2QPolicy, PrefixLRUPolicy
 
@@ -40,8 +48,8 @@ from kvstore.store.eviction import EvictionPolicy, Prefix2QPolicy, PrefixLRUPoli
 WITHOUT: Mapping[str, Callable[[], EvictionPolicy]] = MappingProxyType(
     {"2q": PrefixLRUPolicy, "ghost list": functools.partial(Prefix2QPolicy, ghost_factor=0.0)}
 )
-FRACTIONS = (0.05, 0.1, 0.2)  # capacities, as fractions of a trace's distinct blocks
-QUICK_FRACTIONS = (0.1, 0.2)
+FRACTIONS = (0.02, 0.05, 0.1, 0.2)  # capacities, as fractions of a trace's distinct blocks
+QUICK_FRACTIONS = (0.05, 0.2)
 GENERATED = {"conversation": 1000, "agent": 400}  # sessions per generated trace
 QUICK_GENERATED = {"conversation": 200, "agent": 80}
 SEEDS = (0, 1)
@@ -65,15 +73,18 @@ class Job:
     variant: str  # "" for the full policy, a mechanism's name for the policy without it
 
 
-def traces(shared: Path, quick: bool) -> list[Trace]:
-    """The traces of every family: the shared one, its halves, and generated ones."""
-    requests = load_trace(shared, QUICK_REQUESTS if quick else None)
-    half = len(requests) // 2
-    out = [
-        Trace("mooncake", shared.name, requests),
-        Trace("mooncake", "first half", requests[:half]),
-        Trace("mooncake", "second half", requests[half:]),
-    ]
+def traces(shared: Path, quick: bool, real: Path = REAL_TRACE) -> list[Trace]:
+    """The traces of every family: the shared one and the real one, each with its halves,
+    and generated ones."""
+    out = []
+    for family, path in (("shared", shared), ("real", real)):
+        requests = load_trace(path, QUICK_REQUESTS if quick else None)
+        half = len(requests) // 2
+        out += [
+            Trace(family, path.name, requests),
+            Trace(family, f"{family} first half", requests[:half]),
+            Trace(family, f"{family} second half", requests[half:]),
+        ]
     for kind, sessions in (QUICK_GENERATED if quick else GENERATED).items():
         out += [Trace(kind, f"{kind} seed {s}", generate(kind, sessions, seed=s)) for s in SEEDS]
     return out
@@ -94,6 +105,9 @@ def _simulate(requests: Sequence[TraceLine], capacity: int, variant: str, weight
     return hit_ratio(requests, num_hit, weighting)
 
 
+Simulate = Callable[[Sequence[TraceLine], int, str, str], float]
+
+
 def _jobs(all_traces: Sequence[Trace], fractions: Sequence[float]) -> list[Job]:
     jobs = []
     for i, trace in enumerate(all_traces):
@@ -102,15 +116,21 @@ def _jobs(all_traces: Sequence[Trace], fractions: Sequence[float]) -> list[Job]:
     return jobs
 
 
-def _run_jobs(
-    all_traces: Sequence[Trace], jobs: Sequence[Job], weighting: str, workers: int
+def run_jobs(
+    all_traces: Sequence[Trace],
+    jobs: Sequence[Job],
+    weighting: str,
+    workers: int,
+    simulate: Simulate = _simulate,
+    what: str = "ablation",
 ) -> dict[Job, float]:
-    """Hit ratio per job, `workers` processes at a time (in this process when 1)."""
+    """Hit ratio per job (`simulate(requests, capacity, variant, weighting)`, a module-level
+    function), `workers` processes at a time (in this process when 1)."""
     results: dict[Job, float] = {}
-    with progress_bar("ablation", total=len(jobs)) as advance:
+    with progress_bar(what, total=len(jobs)) as advance:
         if workers <= 1:
             for job in jobs:
-                results[job] = _simulate(
+                results[job] = simulate(
                     all_traces[job.trace].requests, job.capacity, job.variant, weighting
                 )
                 advance(1)
@@ -119,7 +139,7 @@ def _run_jobs(
         with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
             futures = {
                 job: pool.submit(
-                    _simulate, all_traces[job.trace].requests, job.capacity, job.variant, weighting
+                    simulate, all_traces[job.trace].requests, job.capacity, job.variant, weighting
                 )
                 for job in jobs
             }
@@ -189,6 +209,6 @@ def run_ablation(
     policy's hit ratio with the mechanism on to that with it off."""
     all_traces = make_traces(shared, quick)
     jobs = _jobs(all_traces, QUICK_FRACTIONS if quick else FRACTIONS)
-    results = _run_jobs(all_traces, jobs, weighting, workers)
+    results = run_jobs(all_traces, jobs, weighting, workers)
     ratios = _ratios(all_traces, results)
     return [row for variant in variants() for row in _summary(variant, ratios[variant])]

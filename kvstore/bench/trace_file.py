@@ -16,9 +16,9 @@ from types import MappingProxyType
 from typing import NamedTuple
 
 BLOCK_TOKENS = 512
-DEFAULT_TRACE = (
-    Path(__file__).resolve().parent / "traces/mooncake_synthetic_trace.jsonl"
-)  # see its README
+TRACES = Path(__file__).resolve().parent / "traces"  # see its README
+DEFAULT_TRACE = TRACES / "mooncake_synthetic_trace.jsonl"
+REAL_TRACE = TRACES / "mooncake_conversation_first_half.jsonl"  # real traffic
 
 
 class TraceLine(NamedTuple):

@@ -69,10 +69,11 @@ def test_cli_writes_the_table_rows_and_draws_no_plot(tmp_path: Path) -> None:
     trace.write_text("".join(json.dumps(line) + "\n" for line in lines))
     out, png = tmp_path / "ablation.json", tmp_path / "ablation.png"
     argv = ["trace", "--ablation", "--quick", "--workers", "1", "--trace", str(trace)]
+    argv += ["--real-trace", str(trace)]
     with pytest.raises(SystemExit, match="--ablation"):  # the rows are written first
         main([*argv, "--json", str(out), "--plot", str(png)])
     rows = json.loads(out.read_text())
-    assert {r["family"] for r in rows} == {"mooncake", "conversation", "agent"}
+    assert {r["family"] for r in rows} == {"shared", "real", "conversation", "agent"}
     assert {r["mechanism"] for r in rows} == set(trace_ablation.variants())
     assert not png.exists()
 
