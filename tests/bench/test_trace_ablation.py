@@ -21,9 +21,11 @@ from kvstore.bench.trace_sim import simulate_lru, simulate_policy
     [
         ({"a": [1.02, 1.01], "b": [1.02], "c": [1.0]}, True),  # 1% on two families
         ({"a": [1.05, 1.05], "b": [1.0], "c": [1.0]}, False),  # on one family only
-        ({"a": [1.05, 0.989], "b": [1.05], "c": [1.0]}, False),  # loses 1.1% once
-        ({"a": [1.05, 0.99], "b": [1.05], "c": [0.99]}, True),  # loses 1% at most
+        ({"a": [1.05, 0.95], "b": [1.05], "c": [0.97]}, False),  # costs c 3%
+        ({"a": [1.06, 0.97], "b": [1.05], "c": [0.98]}, True),  # 2% at most, a family's mean
         ({"a": [1.0], "b": [1.0], "c": [1.0]}, False),
+        ({"real": [1.0], "b": [1.05], "c": [1.05]}, False),  # gains, but not on real traffic
+        ({"real": [1.03, 1.0], "b": [1.05], "c": [0.99]}, True),
     ],
 )
 def test_a_mechanism_is_kept_for_gains_on_two_families_and_no_loss(
