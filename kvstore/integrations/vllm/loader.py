@@ -290,8 +290,12 @@ def _get_from_pool(
     it returns (it never raises: what no node gives back is a miss)."""
     keys = transfer.keys[start : start + len(buffers)]
     position = ChainPosition.of(transfer.keys, start, transfer.position)
+    try:
+        found = pool.get_into(transfer.namespace_id, keys, buffers, position)
+    except Exception as exc:  # reported through the future, as the data plane's own are
+        return failed(exc)
     done: Found = concurrent.futures.Future()
-    done.set_result(pool.get_into(transfer.namespace_id, keys, buffers, position))
+    done.set_result(found)
     return done
 
 
