@@ -48,9 +48,8 @@ from pathlib import Path
 from typing import cast
 
 import numpy as np
-from rich.console import Console
 
-from kvstore.bench import cluster_scale, trace_file
+from kvstore.bench import cluster_scale, trace_file, verdict
 from kvstore.bench.load_server import ServerProcess, serve
 from kvstore.bench.options import extra_of
 from kvstore.bench.pool_model import PoolModel
@@ -367,7 +366,4 @@ def _reader(row: Row):  # type: ignore[no-untyped-def]
 
 def exit_status(rows: list[Row]) -> int:
     """1 when a target is missed or unmeasured (listed on stderr), else 0."""
-    missed = failures(rows)
-    for line in missed:
-        Console(stderr=True).print(f"[red]target missed[/red] {line}")
-    return int(bool(missed))
+    return verdict.exit_status(failures(rows))

@@ -35,7 +35,8 @@ import numpy as np
 
 from kvstore.bench import dataplane_ceilings as ceilings
 from kvstore.bench import dataplane_peers as peers
-from kvstore.bench.dataplane_ratios import BLOCK_BYTES, median_ratios
+from kvstore.bench import verdict
+from kvstore.bench.dataplane_ratios import BLOCK_BYTES, failures, median_ratios, ratios
 from kvstore.bench.options import extra_of
 from kvstore.bench.report import Row, print_table, progress_bar
 from kvstore.bench.suites import SuiteOptions
@@ -353,6 +354,13 @@ def _systems(wanted: object) -> list[str]:
     if unknown:
         raise SystemExit(f"unknown systems {unknown}; known: {','.join(SYSTEMS)}")
     return [s for s in SYSTEMS if s in names]
+
+
+def exit_status(rows: list[Row]) -> int:
+    """1 where a target is missed or unmeasured (a system absent or failed), on the ratios
+    of every round's times together (the table printed during the run: each ratio's median
+    over the rounds); else 0."""
+    return verdict.exit_status(failures(ratios(rows)))
 
 
 def run(options: SuiteOptions) -> list[Row]:

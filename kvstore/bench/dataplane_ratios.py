@@ -61,15 +61,23 @@ def ratio_row(rows: list[Row], size: int) -> Row:
 
 
 def _missed(ratios: Row) -> str:
-    """The targets a block size's ratios miss ("-": none; an unmeasured ratio misses none)."""
+    """The targets a block size's ratios miss ("-": none); a target whose ratio could not be
+    computed (a system absent or failed) is missed, as "unmeasured"."""
     missed = []
     for column, _, _, _, _, at_least, from_size in RATIOS:
         ratio = ratios[column]
-        if at_least is None or cast(int, ratios["block_bytes"]) < from_size or ratio is None:
+        if at_least is None or cast(int, ratios["block_bytes"]) < from_size:
             continue
-        if ratio < at_least:  # type: ignore[operator]
+        if ratio is None:
+            missed.append(f"{column} unmeasured")
+        elif ratio < at_least:  # type: ignore[operator]
             missed.append(f"{column}<{at_least:g}")
     return " ".join(missed) or "-"
+
+
+def failures(ratio_rows: list[Row]) -> list[str]:
+    """Each block size's missed and unmeasured targets, in words."""
+    return [f"{r['block_bytes']} B: {r['missed']}" for r in ratio_rows if r["missed"] != "-"]
 
 
 def ratios(rows: list[Row]) -> list[Row]:

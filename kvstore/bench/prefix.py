@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from gpu_engine.engine_client import EngineClient, GenerateResult
 from gpu_engine.sampling import SamplingParams
 from kvstore.bench import dataplane_peers as peers
+from kvstore.bench import verdict
 from kvstore.bench.options import extra_of
 from kvstore.bench.prefix_workloads import WORKLOADS, Advance, Shape, Workload, WorkloadRun
 from kvstore.bench.report import Row, print_table, progress_bar
@@ -269,9 +270,14 @@ def _p50(rows: dict[tuple[object, object], Row], workload: str, mode: str, col: 
 
 
 def _target_rows(rows: list[Row]) -> list[Row]:
+    """The targets of the workloads that ran: each ratio, and whether it is met (a ratio
+    that could not be computed, NaN, is not)."""
     by_key: dict[tuple[object, object], Row] = {(r["workload"], r["mode"]): r for r in rows}
+    ran = {r["workload"] for r in rows}
     lines: list[Row] = []
     for what, workload, num, den, at_most in TARGETS:
+        if workload not in ran:
+            continue
         top = _p50(by_key, workload, num, "ttft_p50_ms")
         base = _p50(by_key, workload, num if den == "floor" else den,
                     "floor_ms" if den == "floor" else "ttft_p50_ms")  # fmt: skip
@@ -281,8 +287,23 @@ def _target_rows(rows: list[Row]) -> list[Row]:
         base = _p50(by_key, name, "recompute", "tpot_p50_ms")
         what = f"{name} kvstore TPOT / recompute"
         lines.append({"target": what, "ratio": top / base, "at_most": 1.1})
-    lines = [line for line in lines if line["ratio"] == line["ratio"]]  # drop NaN
     return [line | {"met": float(line["ratio"]) <= float(line["at_most"])} for line in lines]  # type: ignore[arg-type]
+
+
+def failures(rows: list[Row]) -> list[str]:
+    """Each target missed or unmeasured, in words."""
+    return [
+        f"{line['target']}: "
+        + ("unmeasured" if line["ratio"] != line["ratio"] else f"{line['ratio']:.3g}")
+        + f" (at most {line['at_most']})"
+        for line in _target_rows(rows)
+        if not line["met"]
+    ]
+
+
+def exit_status(rows: list[Row]) -> int:
+    """1 where a target of a workload that ran is missed or unmeasured, else 0."""
+    return verdict.exit_status(failures(rows))
 
 
 def _print_targets(rows: list[Row]) -> None:

@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 from rich.console import Console
 
-from kvstore.bench import scheduler_targets
+from kvstore.bench import scheduler_targets, verdict
 from kvstore.bench.report import Row, print_table, progress_bar
 from kvstore.bench.trace_file import load_trace
 from kvstore.bench.trace_gen import generate
@@ -310,7 +310,4 @@ def failures(rows: Sequence[Row]) -> list[str]:
 
 def exit_status(rows: Sequence[Row]) -> int:
     """1 when cache-aware-predictive loses a cell (listed on stderr), else 0."""
-    missed = failures(rows)
-    for line in missed:
-        Console(stderr=True).print(f"[red]cell lost[/red] {line}")
-    return int(bool(missed))
+    return verdict.exit_status(failures(rows), "cell lost")

@@ -10,20 +10,11 @@ import pytest
 
 from kvstore.bench import policy_cost, trace_ablation
 from kvstore.bench.__main__ import main
-from kvstore.bench.trace_ablation import Trace
 from kvstore.bench.trace_file import REAL_TRACE, hit_ratio, load_trace
-from kvstore.bench.trace_gen import generate
 from kvstore.bench.trace_optimum import run_optimum
 from kvstore.bench.trace_sim import simulate_belady, simulate_policy
 from kvstore.store.eviction import POLICIES
-
-
-def _tiny_traces(shared: Path, quick: bool) -> list[Trace]:
-    return [
-        Trace(kind, f"{kind} seed {seed}", generate(kind, 12, seed=seed))
-        for kind in ("conversation", "agent")
-        for seed in (0, 1)
-    ]
+from tests.bench.test_trace_ablation import _tiny_traces
 
 
 def test_every_policy_at_every_fraction_of_every_family_against_the_optimum() -> None:

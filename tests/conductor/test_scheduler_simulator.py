@@ -104,10 +104,11 @@ def test_cli_writes_the_rows(tmp_path: Path) -> None:
         "--json",
         str(out),
     ]
-    assert main(argv) == 0
+    assert main([*argv, "--no-targets"]) == 0  # exploration: the verdict is not the status
     rows = json.loads(out.read_text())
     assert len(rows) == 10 and all(row.keys() >= KEYS for row in rows)
     assert {row["speedup"] for row in rows} == {2.0}
+    assert main(argv) == 1  # a target missed, or no speedup that overloads prefix-rr
 
 
 def test_a_queued_turn_predicts_the_blocks_its_previous_turn_leaves() -> None:

@@ -45,14 +45,15 @@ def test_ratios_and_missed_targets_per_block_size():
     assert row["ucx-tcp get/tcp-socket"] == pytest.approx(0.9)
     assert row["tcp get/tcp-socket"] == pytest.approx(0.8)
     assert row["ucx_put_gbps"] == 2.0  # the UCX plane's figure beside the same-host one's
-    assert row["ucx put/raw-ucxx"] is None  # not measured: no ratio, no verdict
+    assert row["ucx put/raw-ucxx"] is None  # not measured, and no target: no verdict
     assert row["missed"] == "put/memcpy<0.6 get/mooncake<1 tcp get/tcp-socket<0.9"
+    assert ratios.failures([row]) == [f"{MIB} B: {row['missed']}"]
 
 
 def test_memcpy_targets_start_at_1_mib():
     gbps = {("kvstore-shm", "put"): 1.0, ("memcpy", "put"): 10.0}
     small = ratios.ratio_row(_rows(gbps, 256 << 10), 256 << 10)
-    assert small["put/memcpy"] == pytest.approx(0.1) and small["missed"] == "-"
+    assert small["put/memcpy"] == pytest.approx(0.1) and "memcpy" not in small["missed"]
 
 
 def test_a_missing_mooncake_piece_is_named_with_what_to_install(monkeypatch):
@@ -86,7 +87,10 @@ def test_ratios_to_the_ceilings_say_what_the_checks_leave():
     assert row["ceiling get/memcpy"] == pytest.approx(0.8)
     assert row["ucx-tcp get/tcp-crc32c"] == pytest.approx(1.5 / 1.6)
     assert row["tcp-crc32c get/tcp"] == pytest.approx(0.8)
-    assert row["missed"] == "get/memcpy<0.8 ucx-tcp get/tcp-socket<0.9"  # the targets stand
+    assert row["missed"] == (  # the targets stand; those of systems not run are unmeasured
+        "put/memcpy unmeasured put/mooncake unmeasured get/memcpy<0.8 get/mooncake unmeasured "
+        "ucx-tcp get/tcp-socket<0.9 tcp get/tcp-socket unmeasured"
+    )
 
 
 def test_the_shm_ceiling_times_every_cell_in_two_processes():
@@ -138,10 +142,26 @@ def test_over_rounds_each_ratio_is_the_median_of_its_rounds_and_judged_on_it():
     row = ratios.median_ratios(rounds)[2]
     assert row["block_bytes"] == MIB and row["rounds"] == 3
     assert row["tcp get/tcp-socket"] == pytest.approx(0.95)
-    assert row["missed"] == "-"
+    assert "tcp get/tcp-socket<" not in row["missed"]
     (one,) = ratios.median_ratios(rounds[:1])[2:3]
-    assert one["missed"] == "tcp get/tcp-socket<0.9"
-    assert row["ucx-tcp get/tcp-socket"] is None  # measured in no round: no ratio, no verdict
+    assert one["missed"].endswith(" tcp get/tcp-socket<0.9")  # the TCP plane's, judged
+    assert row["ucx-tcp get/tcp-socket"] is None  # measured in no round: no ratio, and
+    assert "ucx-tcp get/tcp-socket unmeasured" in row["missed"]  # its target is missed
+
+
+def test_the_suite_fails_where_a_target_is_missed_or_could_not_be_measured():
+    measured = {
+        (system, op): 10.0
+        for system in ("kvstore-shm", "memcpy", "mooncake", "kvstore-ucx-tcp", "kvstore-tcp")
+        for op in ("put", "get")
+    } | {("tcp-socket", "get"): 10.0}
+    rows = [row for size in dataplane.BLOCK_BYTES for row in _rows(measured, size)]
+    assert dataplane.exit_status(rows) == 0  # every target met
+    no_peer = [r for r in rows if r["system"] != "mooncake"]  # the peer did not start
+    assert dataplane.exit_status(no_peer) == 1
+    assert ratios.failures(ratios.ratios(no_peer))[0] == (
+        f"{256 << 10} B: put/mooncake unmeasured get/mooncake unmeasured"
+    )
 
 
 def test_a_systems_rows_pool_the_times_of_every_round_that_ran():
