@@ -16,7 +16,10 @@ Puts are placed (`kvstore.client.placement`): a chain is cut into pieces that ne
 straddle a chain group, each put on the node its first key hashes to, weighted by the
 nodes' capacities (the writer's home node where it is one of the two best), all pieces at
 once; a piece whose node fails goes to the next node. A piece whose parent another node
-holds states its place in the chain, so its node files it where lookups find it.
+holds states its place in the chain, so its node files it where lookups find it. The
+index learns of a put off the request path (within the nodes' flush interval), so this
+client remembers where it put its last `MAX_PUT_KEYS` blocks, and its own reads and
+matches find them there at once (read your writes); a block gone since is a miss.
 
 Every read of a node is bounded by `read_deadline_s`. A node that fails or runs past it is
 left out for `quarantine_s` (no call dials it meanwhile) and its blocks are read from
@@ -54,6 +57,7 @@ HOT_READS = 2  # reads of a chain that make it hot
 MAX_COPIES = 2  # holders a hot chain is copied up to: the replica budget
 MAX_TRACKED = 4096  # chains whose reads are counted (the least recent forgotten)
 MEMBERS_TTL_S = 1.0  # how long the pool's member list is taken as current
+MAX_PUT_KEYS = 65_536  # blocks this client put whose node it remembers (read your writes)
 
 
 class PoolClient:
@@ -89,6 +93,7 @@ class PoolClient:
         self._reads: OrderedDict[tuple[bytes, bytes], int] = OrderedDict()  # chain -> reads
         self._copying: set[tuple[bytes, bytes]] = set()
         self._members: tuple[float, dict[str, int]] = (0.0, {})  # read at, capacities
+        self._put_at: OrderedDict[tuple[bytes, bytes], str] = OrderedDict()  # -> address
         self._copier = concurrent.futures.ThreadPoolExecutor(1, "kvstore-pool-copy")
 
     def __enter__(self) -> PoolClient:
@@ -165,6 +170,11 @@ class PoolClient:
             return local, start
         rest = self.locate(namespace_id, keys[start:], ChainPosition.of(keys, start, position))
         tiers = local.tiers + tuple(block[0][1] for block in rest.blocks)
+        for key in keys[len(tiers) :]:  # put by this client, maybe not in the index yet
+            address = self._put_address(namespace_id, key)
+            if address is None or self._is_failing(address):
+                break
+            tiers += ("dram",)  # a put lands in its node's DRAM
         return MatchResult(len(tiers), tiers), start
 
     def put_chain(
@@ -223,9 +233,11 @@ class PoolClient:
             try:
                 client = self._client(piece.address)
                 self._register(client, piece.address, namespace_id)
-                return client.put_chain(
+                result = client.put_chain(
                     namespace_id, keys[run], blocks[run], first_parent, piece.position
                 )
+                self._note_put(namespace_id, keys[run], piece.address)
+                return result
             except NODE_FAILURES as exc:
                 if _is_refusal(exc):
                     return exc
@@ -259,11 +271,16 @@ class PoolClient:
             return tuple(found)
         at = ChainPosition.of(keys, start, position)
         located = self.locate(namespace_id, keys[start:], at)
-        todo = {
-            start + i: [a for a in self._holders(located, i) if a != home]
-            for i in range(located.num_located)
-            if not found[start + i]
-        }
+        todo: dict[int, list[str]] = {}
+        for i in range(start, len(keys)):
+            holders = self._holders(located, i - start) if i - start < located.num_located else []
+            mine = self._put_address(namespace_id, keys[i])  # this client's put: there too
+            if mine is not None and mine not in holders:
+                holders.append(mine)
+            if not holders:
+                break  # nobody holds block i: nothing after it is a prefix hit
+            if not found[i]:
+                todo[i] = [a for a in holders if a != home]
         while todo:
             plan: dict[str, list[int]] = {}
             for i, holders in todo.items():
@@ -278,8 +295,9 @@ class PoolClient:
                     todo[i] = [a for a in todo[i] if a != address]
             todo = {i: holders for i, holders in todo.items() if not found[i] and holders}
         read = next((i for i, hit in enumerate(found) if not hit), len(found))
-        if read and start == 0 and position is None and self.hot_reads > 0:
-            self._note_read(namespace_id, keys[:read], located, buffers)  # a remote chain
+        indexed = min(read, located.num_located)  # this client's newest puts may be past it
+        if indexed and start == 0 and position is None and self.hot_reads > 0:
+            self._note_read(namespace_id, keys[:indexed], located, buffers)  # a remote chain
         return tuple(found)
 
     def get(
@@ -468,6 +486,19 @@ class PoolClient:
         if namespace is None:
             raise errors.UnknownNamespaceError("register the namespace with this client first")
         return namespace.block_bytes
+
+    def _note_put(self, namespace_id: bytes, keys: Sequence[bytes], address: str) -> None:
+        with self._lock:
+            for key in keys:
+                self._put_at[(namespace_id, key)] = address
+                self._put_at.move_to_end((namespace_id, key))
+            while len(self._put_at) > MAX_PUT_KEYS:
+                self._put_at.popitem(last=False)
+
+    def _put_address(self, namespace_id: bytes, key: bytes) -> str | None:
+        """Where this client last put `key` (None: not among its last puts)."""
+        with self._lock:
+            return self._put_at.get((namespace_id, key))
 
     def _is_failing(self, address: str) -> bool:
         with self._lock:

@@ -132,3 +132,28 @@ def test_a_position_that_cannot_be_is_refused_over_the_wire(store_factory, redis
         with pytest.raises(errors.InvalidArgumentError):
             c.locate(ns_id, keys[3:], ChainPosition(3, keys[3]))  # a group opens at 0, 32, ...
         assert c.put_chain(ns_id, keys, blocks).num_stored == 8  # and it serves on
+
+
+def test_a_client_reads_its_own_puts_before_the_index_files_them(store_factory, redis_single):
+    """Nodes that file their changes only every 30 s: the index knows nothing of a chain
+    just put, yet the client that put it matches and reads it whole at once, from every
+    node it placed pieces on; another client finds only what its home node holds."""
+    slow = ("--cluster-flush-s", "30", "--cluster-ttl-s", "200")  # one pass at start, then 30 s
+    nodes = [_serve(store_factory, redis_single.url, f"n{i}", *slow) for i in range(2)]
+    home = nodes[1].address  # started last: its first pass read the other's record
+    with Client(home, transport="grpc") as c:
+        members = {m.addresses["grpc"]: sum(m.capacity.values()) for m in c.pool_status().members}
+    assert len(members) == 2
+    seed = next(s for s in range(100) if len(_owners(_chain(LONG, s), members, home)) == 2)
+    keys = _chain(LONG, seed)  # placed on both nodes
+    with PoolClient([home], read_deadline_s=DEADLINE_S, hot_reads=0) as writer:
+        ns_id = writer.register_namespace(NS).namespace_id
+        writer.put_chain(ns_id, keys, [_payload(i) for i in range(LONG)])
+        assert _located(writer, ns_id, keys) == 0  # not filed yet
+        assert writer.match(ns_id, keys).num_matched == LONG
+        assert _read_back(writer, ns_id, keys)
+    with PoolClient([home], read_deadline_s=DEADLINE_S, hot_reads=0) as other:
+        other.register_namespace(NS)
+        on_home = _num_blocks(home)
+        assert 0 < on_home < LONG
+        assert other.match(ns_id, keys).num_matched <= on_home  # the rest is not filed yet
