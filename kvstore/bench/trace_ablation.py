@@ -174,7 +174,7 @@ def _ratios(all_traces: Sequence[Trace], results: Mapping[Job, float]) -> dict[s
     return out
 
 
-def _geomean(values: Sequence[float]) -> float:
+def geomean(values: Sequence[float]) -> float:
     if min(values) <= 0:  # a policy that hit nothing where the other hit something
         return 0.0
     return math.exp(sum(math.log(v) for v in values) / len(values))
@@ -183,7 +183,7 @@ def _geomean(values: Sequence[float]) -> float:
 def is_worth_keeping(by_family: Mapping[str, Sequence[float]]) -> bool:
     """At least `KEEP_GAIN` (geometric mean) on more than one family, `REAL_FAMILY` among
     them where it is measured, and no family's geometric mean below `KEEP_LOSS`."""
-    means = {family: _geomean(v) for family, v in by_family.items()}
+    means = {family: geomean(v) for family, v in by_family.items()}
     gains = [family for family, mean in means.items() if mean >= KEEP_GAIN]
     real_gains = REAL_FAMILY not in means or REAL_FAMILY in gains
     return len(gains) > 1 and real_gains and min(means.values()) >= KEEP_LOSS
@@ -200,7 +200,7 @@ def _summary(variant: str, ratios: Sequence[Ratio]) -> Iterator[Row]:
             "mechanism": variant,
             "family": family,
             "runs": len(rs),
-            "geomean_ratio": _geomean([r.value for r in rs]),
+            "geomean_ratio": geomean([r.value for r in rs]),
             "min_ratio": worst.value,
             "min_at": worst.where,
             "keep": keep,

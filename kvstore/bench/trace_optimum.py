@@ -15,7 +15,6 @@ LRU's fraction beside.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -37,12 +36,6 @@ def simulate(requests: Sequence[TraceLine], capacity: int, name: str, weighting:
     else:
         num_hit = trace_sim.simulate_policy(requests, capacity, name)
     return hit_ratio(requests, num_hit, weighting)
-
-
-def _geomean(values: Sequence[float]) -> float:
-    if min(values) <= 0:
-        return 0.0
-    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 def run_optimum(
@@ -85,9 +78,9 @@ def run_optimum(
                         "fraction": f,
                         "blocks": first_capacity,
                         "policy": name,
-                        "of_optimum": _geomean(fraction),
+                        "of_optimum": trace_ablation.geomean(fraction),
                         "min_of_optimum": min(fraction),
-                        "lru_of_optimum": _geomean(lru),
+                        "lru_of_optimum": trace_ablation.geomean(lru),
                         "hit_ratio": results[Job(members[0], first_capacity, name)],
                         "optimum_hit_ratio": results[Job(members[0], first_capacity, OPTIMUM)],
                         "traces": len(members),

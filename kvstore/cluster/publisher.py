@@ -4,7 +4,8 @@ off the request path, on a thread of its own.
 Every `flush_s` it files what changed in the store since its last pass (`Store.
 inventory_changes`: commits, evictions, removals, demotions and promotions, each as held
 now), so a change is in the index within `flush_s` plus one round trip while Redis answers.
-Every `ttl_s / 4` it renews the node's record and every `refresh_s` it reads the others'.
+Every `ttl_s / 4` it renews the node's record and every `refresh_s` it reads the others',
+each on its own schedule: a long flush interval never delays a renewal.
 
 Whenever what the index holds of this node can no longer be trusted (a publish failed,
 the store's inventory overflowed, this node was fenced, Redis lost its record) it takes a
@@ -102,15 +103,22 @@ class Publisher:
         )
 
     def _run(self) -> None:
-        while not self._stop.wait(self.flush_s):
+        tick = min(self.flush_s, self.refresh_s, self.membership.ttl_s / 4)
+        next_flush = time.monotonic() + self.flush_s  # `Pool` made the first pass
+        while not self._stop.wait(tick):
+            now = time.monotonic()
+            flush = now >= next_flush
+            if flush:
+                next_flush = now + self.flush_s
             try:
-                self.run_once()
+                self.run_once(flush)
             except Exception:  # a bug must not end publishing: log it, file all again
                 log.exception("event=cluster_publisher_error")
                 self._must_rebuild = True
 
-    def run_once(self) -> None:
-        """One pass: renew, read the others, file what changed and the next slice."""
+    def run_once(self, flush: bool = True) -> None:
+        """One pass: renew and read the others where due; with `flush`, file what changed
+        and the next slice."""
         now = time.monotonic()
         try:
             if now >= self._next_renew:
@@ -124,7 +132,8 @@ class Publisher:
                 self._next_refresh = now + self.refresh_s
             if self.membership.is_fenced:
                 return
-            self._publish(now)
+            if flush:
+                self._publish(now)
             self._redis_ok, self._last_error = True, ""
         except RedisError as exc:
             if self._redis_ok or not self._last_error:

@@ -32,10 +32,5 @@ class PoolSettings:
             raise InvalidArgumentError("cluster timings must be positive")
         if self.cluster_timeout_s * 2 >= self.cluster_ttl_s:
             raise InvalidArgumentError("cluster_timeout_s must be under half cluster_ttl_s")
-        if self.cluster_flush_s * 4 >= self.cluster_ttl_s:  # renewals wait on a pass
-            raise InvalidArgumentError(
-                "cluster_flush_s must be under a quarter of cluster_ttl_s: a node renews its "
-                "record on one of its passes, every ttl / 4, and would fence itself"
-            )
         if len(self.node_id.encode()) > 128 or any(c in self.node_id for c in " \n\r\t"):
             raise InvalidArgumentError("node_id: at most 128 bytes, no whitespace")

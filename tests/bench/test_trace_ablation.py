@@ -62,13 +62,19 @@ def test_ratios_do_not_depend_on_the_number_of_workers() -> None:
     assert one == two
 
 
-def test_cli_writes_the_table_rows_and_draws_no_plot(tmp_path: Path) -> None:
+def tiny_trace_file(tmp_path: Path, num_requests: int, num_tails: int) -> Path:
+    """A trace file of `num_requests` three-block requests over `num_tails` last blocks."""
     trace = tmp_path / "tiny.jsonl"
     lines = [
-        {"timestamp": i, "input_length": 1536, "output_length": 1, "hash_ids": [1, 2, 3 + i % 3]}
-        for i in range(30)
+        {"timestamp": i, "input_length": 1536, "output_length": 1, "hash_ids": ids}
+        for i, ids in enumerate([1, 2, 3 + j % num_tails] for j in range(num_requests))
     ]
     trace.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return trace
+
+
+def test_cli_writes_the_table_rows_and_draws_no_plot(tmp_path: Path) -> None:
+    trace = tiny_trace_file(tmp_path, 30, 3)
     out, png = tmp_path / "ablation.json", tmp_path / "ablation.png"
     argv = ["trace", "--ablation", "--quick", "--workers", "1", "--trace", str(trace)]
     argv += ["--real-trace", str(trace)]

@@ -14,7 +14,7 @@ from kvstore.bench.trace_file import REAL_TRACE, hit_ratio, load_trace
 from kvstore.bench.trace_optimum import run_optimum
 from kvstore.bench.trace_sim import simulate_belady, simulate_policy
 from kvstore.store.eviction import POLICIES
-from tests.bench.test_trace_ablation import _tiny_traces
+from tests.bench.test_trace_ablation import _tiny_traces, tiny_trace_file
 
 
 def test_every_policy_at_every_fraction_of_every_family_against_the_optimum() -> None:
@@ -47,12 +47,7 @@ def test_the_real_trace_ships_with_the_bench_and_is_its_own_family() -> None:
 
 
 def test_cli_writes_the_optimum_rows(tmp_path: Path) -> None:
-    trace = tmp_path / "tiny.jsonl"
-    lines = [
-        {"timestamp": i, "input_length": 1536, "output_length": 1, "hash_ids": [1, 2, 3 + i % 5]}
-        for i in range(40)
-    ]
-    trace.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    trace = tiny_trace_file(tmp_path, 40, 5)
     out = tmp_path / "optimum.json"
     argv = ["trace", "--optimum", "--quick", "--workers", "1", "--trace", str(trace)]
     assert main([*argv, "--real-trace", str(trace), "--json", str(out)]) == 0

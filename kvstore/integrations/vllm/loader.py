@@ -36,7 +36,7 @@ import concurrent.futures
 import logging
 import secrets
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -272,13 +272,11 @@ def _get(
     buffers: Sequence[np.ndarray],
 ) -> Found:
     """The data plane's pipelined get; on the gRPC path, a get done before it returns."""
+    if dataplane is None:
+        return _done(lambda: client.get_into(transfer.namespace_id, keys, buffers))
     try:
-        if dataplane is not None:
-            block_bytes = buffers[0].nbytes
-            return dataplane.submit_get_into(transfer.namespace_id, keys, buffers, block_bytes)
-        done: Found = concurrent.futures.Future()
-        done.set_result(client.get_into(transfer.namespace_id, keys, buffers))
-        return done
+        block_bytes = buffers[0].nbytes
+        return dataplane.submit_get_into(transfer.namespace_id, keys, buffers, block_bytes)
     except Exception as exc:  # reported through the future, as the data plane's own are
         return failed(exc)
 
@@ -287,11 +285,16 @@ def _get_from_pool(
     pool: PoolClient, transfer: BlockTransfer, start: int, buffers: Sequence[np.ndarray]
 ) -> Found:
     """Blocks `start`.. of `transfer` (as many as `buffers`), read by the pool client before
-    it returns (it never raises: what no node gives back is a miss)."""
+    it returns (what no node gives back is a miss)."""
     keys = transfer.keys[start : start + len(buffers)]
     position = ChainPosition.of(transfer.keys, start, transfer.position)
+    return _done(lambda: pool.get_into(transfer.namespace_id, keys, buffers, position))
+
+
+def _done(get: Callable[[], tuple[bool, ...]]) -> Found:
+    """A blocking get, done now, as a future: its hits, or what it raised."""
     try:
-        found = pool.get_into(transfer.namespace_id, keys, buffers, position)
+        found = get()
     except Exception as exc:  # reported through the future, as the data plane's own are
         return failed(exc)
     done: Found = concurrent.futures.Future()
