@@ -17,11 +17,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import SupportsFloat, cast
 
-from kvstore.bench import scheduler_live, scheduler_matrix, scheduler_targets
+from kvstore.bench import scheduler_live, scheduler_matrix, scheduler_overload, scheduler_targets
 from kvstore.bench.options import extra_of
 from kvstore.bench.report import Row, progress_bar, pyplot
+from kvstore.bench.scheduler_decisions import decisions_changed
 from kvstore.bench.suites import SuiteOptions
-from kvstore.bench.trace_file import DEFAULT_TRACE, load_trace
+from kvstore.bench.trace_file import DEFAULT_TRACE, REAL_TRACE, load_trace
 from kvstore.conductor import PROFILES, SCHEDULING_POLICIES, SLO, resolve_profile
 from kvstore.conductor.sim.simulator import SimConfig, SimResult, TraceRequest, simulate
 
@@ -35,6 +36,7 @@ DEFAULTS: Mapping[str, object] = {
     "speedup": None,
     "sweep": False,
     "matrix": False,
+    "overload": False,
     "workers": 2,
     "ttft_slo_s": 30.0,
     "tbt_slo_ms": 100.0,
@@ -49,7 +51,12 @@ PLOT_POLICIES = ("prefix-rr", "cache-aware", "cache-aware-reject", "cache-aware-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The suite's own flags."""
     add = parser.add_argument
-    add("--trace", type=Path, default=DEFAULTS["trace"], help="Mooncake-format JSONL trace")
+    add(
+        "--trace",
+        type=Path,
+        default=None,
+        help="Mooncake-format JSONL trace (default: the shared trace; for --overload the real one)",
+    )
     add("--prefill", type=int, default=DEFAULTS["prefill"], help="prefill instances")
     add("--decode", type=int, default=DEFAULTS["decode"], help="decode instances")
     add("--speedup", type=float, default=None, help="replay this many times faster (one run)")
@@ -58,6 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--matrix",
         action="store_true",
         help="the conductor vs the best anchors over 3 traces x 2 shapes x 3 overloaded speedups",
+    )
+    add(
+        "--overload",
+        action="store_true",
+        help="Mooncake's overload experiment: its three admissions at its shape and rate",
     )
     add("--workers", type=int, default=DEFAULTS["workers"], help="processes for --matrix")
     add("--ttft-slo-s", type=float, default=DEFAULTS["ttft_slo_s"], help="TTFT SLO, seconds")
@@ -70,10 +82,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _settings(options: SuiteOptions) -> dict[str, object]:
     s = {**DEFAULTS, **extra_of(options)}
+    if s["trace"] is None:  # --overload replays real traffic, as the paper does
+        s["trace"] = REAL_TRACE if s["overload"] else DEFAULT_TRACE
     if s["speedup"] is not None and s["sweep"]:
         raise SystemExit("--speedup and --sweep exclude each other")
-    if s["matrix"] and (s["speedup"] is not None or s["sweep"] or s["policy"] != "all"):
-        raise SystemExit("--matrix chooses its own speedups and policies")
+    for mode in ("matrix", "overload"):
+        if s[mode] and (s["speedup"] is not None or s["sweep"] or s["policy"] != "all"):
+            raise SystemExit(f"--{mode} chooses its own speedups and policies")
+    if s["matrix"] and s["overload"]:
+        raise SystemExit("--matrix and --overload exclude each other")
     if int(s["workers"]) < 1:  # type: ignore[call-overload]
         raise SystemExit(f"--workers must be >= 1: {s['workers']}")
     return s
@@ -111,6 +128,7 @@ def _row(s: Mapping[str, object], policy: str, config: SimConfig, result: SimRes
         "policy": policy,
         "speedup": config.speedup,
         **m._asdict(),  # the simulator's columns, the same in every row
+        **decisions_changed(result.counts),
         "prefill": config.num_prefill,
         "decode": config.num_decode,
         "ttft_slo_s": config.slo.ttft_s,
@@ -133,6 +151,10 @@ def run(options: SuiteOptions) -> list[Row]:
     if s["matrix"]:
         return scheduler_matrix.run_matrix(s, options.quick, int(s["workers"]))  # type: ignore[call-overload]
     requests = load_requests(Path(str(s["trace"])), QUICK_REQUESTS if options.quick else None)
+    if s["overload"]:
+        keys = ("ttft_slo_s", "tbt_slo_ms", "profile", "seed", "trace")
+        extra = {k: s[k] if k in ("ttft_slo_s", "tbt_slo_ms", "seed") else str(s[k]) for k in keys}
+        return [{**r, **extra} for r in scheduler_overload.run(_config(s, 1.0), requests)]
     if s.get("live"):  # real engines and the conductor instead of the simulator
         return scheduler_live.run(options, s, requests)
     policies = list(SCHEDULING_POLICIES) if s["policy"] == "all" else [str(s["policy"])]
@@ -150,7 +172,10 @@ def exit_status(rows: list[Row]) -> int:
     """1 when the conductor misses a target at an overloaded speedup, or no speedup of the
     run overloads prefix-rr, or a policy the targets compare did not run
     (`scheduler_targets`). A `--matrix` run fails where cache-aware-predictive loses a
-    cell (`scheduler_matrix`). `--no-targets` for exploration."""
+    cell (`scheduler_matrix`), an `--overload` run where prediction does worse than the
+    current load (`scheduler_overload`). `--no-targets` for exploration."""
+    if scheduler_overload.is_overload(rows):
+        return scheduler_overload.exit_status(rows)
     if scheduler_matrix.is_matrix(rows):
         return scheduler_matrix.exit_status(rows)
     return scheduler_targets.exit_status(rows)
@@ -165,9 +190,14 @@ def _overloaded_speedup(rows: Sequence[Row]) -> float:
 
 def plot(rows: list[Row], path: Path) -> None:
     """Goodput vs speedup per policy; decode load over time at one overloaded speedup."""
+    first = rows[0]
+    if scheduler_overload.is_overload(rows):
+        s = {**DEFAULTS, **first}
+        requests = load_requests(Path(str(first["trace"])), int(first["requests"]))  # type: ignore[call-overload]
+        scheduler_overload.plot(rows, requests, _config(s, 1.0), path)
+        return
     if scheduler_matrix.is_matrix(rows):
         raise SystemExit("--plot draws the speedup sweep; the matrix has its summary table")
-    first = rows[0]
     s = {**DEFAULTS, **{k: first[k] for k in ("trace", "prefill", "decode", "profile", "seed")}}
     s["ttft_slo_s"], s["tbt_slo_ms"] = first["ttft_slo_s"], first["tbt_slo_ms"]
     speedup = _overloaded_speedup(rows)
@@ -187,9 +217,14 @@ def plot(rows: list[Row], path: Path) -> None:
     config = _config(s, speedup)
     with progress_bar("scheduler plot", total=len(requests) * len(PLOT_POLICIES)) as advance:
         for policy in PLOT_POLICIES:
-            series = simulate(policy, requests, config, advance).decode_load
-            right.plot([t for t, _ in series], [100 * u for _, u in series], label=policy, lw=0.8)
-    right.set(xlabel="simulated time (s)", ylabel="mean decode KV utilisation (%)")
+            series = simulate(policy, requests, config, advance).load
+            right.plot(
+                [x.time_s for x in series],
+                [100 * x.mean_decode for x in series],
+                label=policy,
+                lw=0.8,
+            )
+    right.set(xlabel="simulated time (s)", ylabel="mean decode load (% of its limit)")
     right.set_title(f"decode load at {speedup:g}x", fontsize=9)
     right.legend(fontsize=7)
     fig.suptitle(

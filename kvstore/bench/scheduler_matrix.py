@@ -2,12 +2,15 @@
 trace and off the default shape.
 
 One trace and one shape can hide a policy's weak spots: on the shared trace with 8 prefill
-and 8 decode instances decode memory is never short, so admission on the decode load now
-and on the load predicted at arrival decide alike. The matrix replays three traces (the
-shared one, and a conversation and an agent trace generated in process by `trace_gen`
-with fixed seeds) on a decode-bound shape (8P+1D) and the default one (8P+8D), each at
-three overloaded speedups, through the three conductor variants and the anchors that come
-closest to them (`ANCHORS`).
+and 8 decode instances decode is never short, so admission on the decode load now and on
+the load predicted at arrival decide alike. The matrix replays four traces (the shared
+one, and a conversation, an agent and a coding trace generated in process by `trace_gen`
+with fixed seeds) on a decode-bound shape (8P+1D), a balanced one (8P+2D) and a
+prefill-bound one (8P+8D; each row reports its mean prefill and decode load, so the labels
+are measured, not assumed), each at three overloaded speedups, through the four conductor
+variants and the anchors that come closest to them (`ANCHORS`). Cells of
+cache-aware-predictive count the decisions its prediction changed against the
+current-batch test on the same view (`scheduler_decisions`).
 
 The speedups are chosen per (trace, shape) by one rule, not by hand: the onset of
 overload, the first speedup of the doubling ladder `LADDER` at which prefix-rr (Mooncake's
@@ -17,9 +20,11 @@ suite's targets are defined at, `scheduler_targets`), then twice and four times 
 Rows: one per (trace, shape, speedup, policy) cell. The summary, per (trace, shape), puts
 the conductor's figures over its rivals' in the same run: goodput over the best other
 policy's (worst speedup), wasted prefill over cache-aware-reject's, decode-load std over
-cache-aware-reject's (worst speedup). The run fails (exit 1) when cache-aware-predictive
-has less goodput than another policy in any cell; the simulator is deterministic, so any
-loss is real.
+cache-aware-reject's (worst speedup), requests refused after their prefill, and the
+decisions the prediction changed. The run fails (exit 1) when cache-aware-predictive has
+less goodput than another policy in any cell, or, in a decode-bound cell, does not beat
+cache-aware-reject in goodput, wasted prefill and decode-load swing; the simulator is
+deterministic, so any loss is real.
 """
 
 from __future__ import annotations
@@ -36,25 +41,33 @@ from rich.console import Console
 
 from kvstore.bench import scheduler_targets, verdict
 from kvstore.bench.report import Row, print_table, progress_bar
+from kvstore.bench.scheduler_decisions import decisions_changed
 from kvstore.bench.trace_file import load_trace
 from kvstore.bench.trace_gen import generate
 from kvstore.conductor import SLO, resolve_profile
-from kvstore.conductor.sim.simulator import SimConfig, SimSummary, TraceRequest, simulate
+from kvstore.conductor.sim.simulator import SimConfig, SimResult, TraceRequest, simulate
 
 OURS, CURRENT = scheduler_targets.OURS, scheduler_targets.CURRENT
-CONDUCTOR = ("cache-aware", CURRENT, OURS)
+CONDUCTOR = ("cache-aware", "cache-aware-ttft", CURRENT, OURS)
 # The anchors closest to the conductor on the default sweep: llm-d sheds on saturation,
 # Dynamo refuses busy workers, prefix-rr is Mooncake's own proxy and the overload probe.
 ANCHORS = ("llm-d-scorers", "dynamo-cost", scheduler_targets.ANCHOR)
 POLICIES = (*CONDUCTOR, *ANCHORS)
-SHAPES = ((8, 1), (8, 8))  # (prefill, decode): decode-bound, then the default
+SHAPES = ((8, 1), (8, 2), (8, 8))  # (prefill, decode): decode-bound, balanced, prefill-bound
+DECODE_BOUND = "8P+1D"
 LADDER = tuple(2.0**k for k in range(-3, 9))  # 0.125x .. 256x
 OVERLOAD_STEPS = (1, 2, 4)  # multiples of the onset of overload
 QUICK_STEPS = (1, 2)
 # Generated traces: (kind, sessions, seed); sized so a replay takes about as long as the
 # shared trace's.
-GENERATED = MappingProxyType({"conversation": ("conversation", 600, 0), "agent": ("agent", 300, 0)})
-QUICK_SESSIONS = MappingProxyType({"conversation": 150, "agent": 80})
+GENERATED = MappingProxyType(
+    {
+        "conversation": ("conversation", 600, 0),
+        "agent": ("agent", 300, 0),
+        "coding": ("coding", 800, 0),
+    }
+)
+QUICK_SESSIONS = MappingProxyType({"conversation": 150, "agent": 80, "coding": 150})
 QUICK_SHARED_REQUESTS = 800
 SUMMARY_TITLE = "scheduler matrix: cache-aware-predictive over its rivals (ratios within this run)"
 
@@ -98,13 +111,14 @@ def trace_specs(shared: Path, quick: bool) -> list[TraceSpec]:
     return specs
 
 
-def simulate_cell(cell: Cell, settings: Mapping[str, object]) -> SimSummary:
+def simulate_cell(cell: Cell, settings: Mapping[str, object]) -> SimResult:
     """Replays one cell under the suite's SLO, profile and seed."""
     slo = SLO(float(settings["ttft_slo_s"]), float(settings["tbt_slo_ms"]) / 1000)  # type: ignore[arg-type]
     profile = resolve_profile(str(settings["profile"]))
     seed = int(settings["seed"])  # type: ignore[call-overload]
     config = SimConfig(cell.prefill, cell.decode, cell.speedup, slo, profile, seed)
-    return simulate(cell.policy, _requests(cell.trace), config).summary
+    result = simulate(cell.policy, _requests(cell.trace), config)
+    return result._replace(outcomes=[], load=[])  # what crosses back from a worker
 
 
 def _probe(
@@ -114,12 +128,14 @@ def _probe(
     attainment is under `scheduler_targets.OVERLOAD_ATTAINMENT`; None when it never is."""
     for speedup in LADDER:
         cell = Cell(trace, *shape, speedup, scheduler_targets.ANCHOR)
-        if simulate_cell(cell, settings).slo_attainment < scheduler_targets.OVERLOAD_ATTAINMENT:
+        attainment = simulate_cell(cell, settings).summary.slo_attainment
+        if attainment < scheduler_targets.OVERLOAD_ATTAINMENT:
             return speedup
     return None
 
 
-def _cell_row(cell: Cell, m: SimSummary) -> Row:
+def _cell_row(cell: Cell, result: SimResult) -> Row:
+    m = result.summary
     return {
         "trace": cell.trace.name,
         "shape": f"{cell.prefill}P+{cell.decode}D",
@@ -131,6 +147,11 @@ def _cell_row(cell: Cell, m: SimSummary) -> Row:
         "slo_attainment": m.slo_attainment,
         "decode_load_std": m.decode_load_std,
         "rejected": m.rejected,
+        "rejected_late": m.rejected_late,
+        "wasted_prefill_gpu_s": m.wasted_prefill_gpu_s,
+        "prefill_load_mean": m.prefill_load_mean,
+        "decode_load_mean": m.decode_load_mean,
+        **decisions_changed(result.counts),
         "requests": m.requests,
         "prefill": cell.prefill,
         "decode": cell.decode,
@@ -265,6 +286,12 @@ def _summary_row(group: list[Row]) -> Row:
         "waste_vs_reject": _ratio(
             total(OURS, "wasted_prefill_tokens"), total(CURRENT, "wasted_prefill_tokens")
         ),
+        "late_rejected": int(total(OURS, "rejected_late")),
+        "late_rejected_reject": int(total(CURRENT, "rejected_late")),
+        "decisions_changed": int(total(OURS, "decisions_changed")),
+        "placed_elsewhere": int(total(OURS, "placed_elsewhere")),
+        "decode_load": max(_num(by[s, OURS], "decode_load_mean") for s in speedups),
+        "prefill_load": max(_num(by[s, OURS], "prefill_load_mean") for s in speedups),
         "std_vs_reject": max((x for x in stds if x is not None), default=None),
         "min_accepted_attainment": min(
             _num(by[s, OURS], "accepted_slo_attainment") for s in speedups
@@ -290,21 +317,40 @@ def is_matrix(rows: Sequence[Row]) -> bool:
     return bool(rows) and all("shape" in r for r in rows)
 
 
-def failures(rows: Sequence[Row]) -> list[str]:
-    """Each cell where another policy has more goodput than cache-aware-predictive."""
-    cells: dict[tuple[object, object, object], dict[str, float]] = {}
-    for r in rows:
-        key = (r["trace"], r["shape"], r["speedup"])
-        cells.setdefault(key, {})[str(r["policy"])] = float(r["goodput_rps"])  # type: ignore[arg-type]
+def _decode_bound_failures(ours: Row, current: Row) -> list[str]:
+    """Where decode binds, prediction must beat the current batch: more goodput, less
+    prefill thrown away (unless neither throws any), less decode-load swing."""
     out = []
-    for (trace, shape, speedup), good in cells.items():
-        if OURS not in good:
+    if _good(ours) <= _good(current):
+        out.append(f"goodput {_good(ours):.4g} not above {CURRENT}'s {_good(current):.4g}")
+    waste = [_num(r, "wasted_prefill_gpu_s") for r in (ours, current)]
+    if waste[0] >= waste[1] and waste[1] > 0:
+        out.append(f"wasted prefill {waste[0]:.4g} GPU-s not under {CURRENT}'s {waste[1]:.4g}")
+    std = [_num(r, "decode_load_std") for r in (ours, current)]
+    if std[0] >= std[1]:
+        out.append(f"decode-load std {std[0]:.4g} not under {CURRENT}'s {std[1]:.4g}")
+    return [f"{f} where decode binds" for f in out]
+
+
+def failures(rows: Sequence[Row]) -> list[str]:
+    """Each cell where another policy has more goodput than cache-aware-predictive, and each
+    decode-bound cell (`DECODE_BOUND`) where it does not beat cache-aware-reject."""
+    cells: dict[tuple[object, object, object], dict[str, Row]] = {}
+    for r in rows:
+        cells.setdefault((r["trace"], r["shape"], r["speedup"]), {})[str(r["policy"])] = r
+    out = []
+    for (trace, shape, speedup), at in cells.items():
+        if OURS not in at:
             continue
+        where = f"{trace} {shape} {speedup:g}x"
+        ours = _good(at[OURS])
         out += [
-            f"{trace} {shape} {speedup:g}x: {p} {g:.4g} > {OURS} {good[OURS]:.4g}"
-            for p, g in good.items()
-            if g > good[OURS]
+            f"{where}: {p} {_good(r):.4g} > {OURS} {ours:.4g}"
+            for p, r in at.items()
+            if _good(r) > ours
         ]
+        if shape == DECODE_BOUND and CURRENT in at:
+            out += [f"{where}: {f}" for f in _decode_bound_failures(at[OURS], at[CURRENT])]
     return out
 
 

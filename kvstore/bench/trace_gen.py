@@ -13,6 +13,10 @@ Kinds:
   every block of the previous turn's prompt but the last, which the answer completes.
 - agent: tool-using agents over a few large shared tool prompts. A step appends a short
   action and tool result, so steps are many, short and close together.
+- coding: code completion as the Azure LLM inference trace of 2023 shows it (Patel et al.,
+  "Splitwise", ISCA'24, section III: coding prompts of about 1,500 tokens at the median,
+  outputs of about 13): long prompts over a repository's shared context, a few tokens out,
+  a few completions a session.
 
 Sessions run `concurrency` at a time; each request comes from one of them at random, so
 turns of a session are interleaved with others' as a serving system sees them.
@@ -53,6 +57,7 @@ KINDS: Mapping[str, Workload] = MappingProxyType(
     {
         "conversation": Workload(20, (1000, 6000), 1.2, 4.0, (50, 3000), (50, 800), 200, 200.0),
         "agent": Workload(4, (4000, 12000), 1.0, 8.0, (100, 1500), (50, 300), 64, 50.0),
+        "coding": Workload(8, (300, 1200), 1.2, 4.0, (50, 500), (2, 30), 100, 100.0),
     }
 )
 DEFAULT_SESSIONS = 1500

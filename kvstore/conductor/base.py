@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
@@ -72,3 +72,8 @@ class SchedulingPolicy(ABC):
     def replications(self, view: ClusterView) -> Sequence[Replication]:
         """Hot blocks to copy now; none unless the policy replicates."""
         return ()
+
+    def counts(self) -> Mapping[str, int]:
+        """What the policy counted about its own decisions so far (reported with a run's
+        figures); nothing unless it counts."""
+        return {}

@@ -17,9 +17,21 @@ measured, from published figures:
 - Pool bandwidth: Mooncake's Transfer Engine reaches about 190 GB/s on 8x400 Gbps RoCE
   (FAST'25 paper, Transfer Engine section); a block moves at that rate plus a fixed latency.
 - KV bytes: 2 (K, V) x 80 layers x 8 KV heads x 128 x 2 bytes = 327,680 bytes a token.
-- Decode KV capacity: 90% of the 640 GB of HBM left after the 140 GB of BF16 weights.
-  The local prefix cache of a prefill node is its spare HBM, 300 GB; the global pool is
-  1 TB of DRAM per prefill node.
+- Decode KV capacity: what vLLM leaves for KV at its default `gpu_memory_utilization` of
+  0.9 (the default when the paper was written): 0.9 x 640 GB of HBM less the 140 GB of
+  BF16 weights, 436 GB or 1.33M tokens. The local prefix cache of a prefill node is its
+  spare HBM, 300 GB; the global pool is 1 TB of DRAM per prefill node.
+- Decode step, calibrated: the terms above (weights and KV read at the measured bandwidth
+  use, one token's matmuls per sequence at the MFU) give 24 ms for a step of 32 sequences
+  of about 1,024 tokens of LLaMA2-70B on 8 A100 40GB (1.555 TB/s), where the published
+  `llm_benchmark` runs (github.com/rkooo567/llm_benchmark: batch 32, 2,048 output
+  tokens, tensor parallel 8) took 70.19 s with TensorRT-LLM (34 ms a step) and 133.70 s
+  with vLLM (65 ms): the bandwidth arithmetic misses what tensor parallelism costs a
+  small step (an all-reduce per layer, kernel launches). Every decode term is scaled by
+  the measured / derived ratio of the faster engine, 1.43. An engine's cap on sequences
+  per batch (vLLM's `max_num_seqs`, 256 on A100-class GPUs) is not modelled: on the
+  bundled traces a decode instance never holds that many (`kvstore-bench scheduler`
+  reports the load).
 """
 
 from __future__ import annotations
@@ -53,6 +65,7 @@ class CostProfile:
         decode_kv_capacity_tokens: KV tokens one decode instance holds.
         prefill_cache_blocks: blocks one prefill instance's local prefix cache holds.
         pool_capacity_blocks: blocks the global pool holds, per prefill instance.
+        gpus_per_instance: GPUs one instance runs on (wasted work is counted in GPU-seconds).
     """
 
     name: str
@@ -69,6 +82,7 @@ class CostProfile:
     decode_kv_capacity_tokens: int
     prefill_cache_blocks: int
     pool_capacity_blocks: int
+    gpus_per_instance: int = 1
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -126,28 +140,49 @@ class CostProfile:
         return cls.from_json(path.read_text())
 
 
+_FLOPS_PER_S = 8 * 312e12 * 0.462  # 8 A100/A800s at PaLM's MFU
+_KV_BYTES_PER_TOKEN = 2 * 80 * 8 * 128 * 2  # LLaMA2-70B: K and V, 80 layers, 8 KV heads
+_WEIGHTS_BYTES = 70e9 * 2  # BF16
+
+
+def _derived_step_s(hbm_bytes_per_s: float, num_seqs: int, context_tokens: float) -> float:
+    """A LLaMA2-70B decode step on 8 GPUs of `hbm_bytes_per_s` each, by the bandwidth
+    arithmetic: the weights and the KV read at 60% of the bandwidth, and each sequence's
+    matmuls at the MFU."""
+    read_per_s = 8 * hbm_bytes_per_s * 0.60
+    return (
+        _WEIGHTS_BYTES / read_per_s
+        + num_seqs * 2 * 70e9 / _FLOPS_PER_S
+        + context_tokens * _KV_BYTES_PER_TOKEN / read_per_s
+    )
+
+
+# TensorRT-LLM's measured step over the derived one, at the published point (see above).
+DECODE_CALIBRATION = (70.19 / 2048) / _derived_step_s(1.555e12, 32, 32 * 1024)
+
+
 def _datacenter() -> CostProfile:
     layers, hidden, a, b = 80, 8192, 4, 22  # Mooncake's flops model of LLaMA2-70B
-    flops_per_s = 8 * 312e12 * 0.462  # 8 A800s at PaLM's MFU
-    hbm_bytes_per_s = 8 * 2.039e12 * 0.60  # 8 A800s at the measured decode MBU
-    kv_bytes_per_token = 2 * layers * 8 * 128 * 2
-    weights_bytes = 70e9 * 2
-    block_bytes = 512 * kv_bytes_per_token
+    hbm = 2.039e12  # one A800 80GB
+    block_bytes = 512 * _KV_BYTES_PER_TOKEN
+    step_overhead = _derived_step_s(hbm, 0, 0)
     return CostProfile(
         name="datacenter: LLaMA2-70B on 8x A800 per instance (derived from published figures)",
         block_tokens=512,
-        kv_bytes_per_token=kv_bytes_per_token,
+        kv_bytes_per_token=_KV_BYTES_PER_TOKEN,
         prefill_overhead_s=0.0,
-        prefill_s_per_token=layers * b * hidden**2 / flops_per_s,
-        prefill_s_per_token_pair=layers * a * hidden / flops_per_s,
-        decode_step_overhead_s=weights_bytes / hbm_bytes_per_s,
-        decode_s_per_seq=2 * 70e9 / flops_per_s,  # one token's matmuls
-        decode_s_per_context_token=kv_bytes_per_token / hbm_bytes_per_s,
+        prefill_s_per_token=layers * b * hidden**2 / _FLOPS_PER_S,
+        prefill_s_per_token_pair=layers * a * hidden / _FLOPS_PER_S,
+        decode_step_overhead_s=DECODE_CALIBRATION * step_overhead,
+        decode_s_per_seq=DECODE_CALIBRATION * (_derived_step_s(hbm, 1, 0) - step_overhead),
+        decode_s_per_context_token=DECODE_CALIBRATION
+        * (_derived_step_s(hbm, 0, 1) - step_overhead),
         pool_bandwidth_bytes_per_s=190e9,
         transfer_latency_s=0.001,
-        decode_kv_capacity_tokens=int(0.9 * (8 * 80e9 - weights_bytes) / kv_bytes_per_token),
+        decode_kv_capacity_tokens=int((0.9 * 8 * 80e9 - _WEIGHTS_BYTES) / _KV_BYTES_PER_TOKEN),
         prefill_cache_blocks=int(300e9 // block_bytes),
         pool_capacity_blocks=int(1e12 // block_bytes),
+        gpus_per_instance=8,
     )
 
 

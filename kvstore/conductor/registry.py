@@ -10,6 +10,7 @@ from kvstore.conductor.policies.kvcache_centric import (
     CacheAwarePolicy,
     CacheAwarePredictivePolicy,
     CacheAwareRejectPolicy,
+    CacheAwareTTFTPolicy,
 )
 from kvstore.conductor.policies.llm_d import LlmDScorersPolicy
 from kvstore.conductor.policies.prefix_rr import PrefixRoundRobinPolicy
@@ -25,6 +26,7 @@ _CLASSES: tuple[type[SchedulingPolicy], ...] = (
     DynamoCostPolicy,
     LlmDScorersPolicy,
     CacheAwarePolicy,
+    CacheAwareTTFTPolicy,
     CacheAwareRejectPolicy,
     CacheAwarePredictivePolicy,
 )

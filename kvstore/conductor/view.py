@@ -83,6 +83,14 @@ class DecodeView(ABC):
     def kv_capacity_tokens(self) -> int:
         """KV tokens the instance holds when full."""
 
+    @property
+    def refuses_when_busy(self) -> bool:
+        """Whether a request whose KV arrives when the instance cannot decode it at once
+        within the TBT objective is refused, its prefill thrown away (as Mooncake's decode
+        instances do), rather than queued until there is room (as an engine's waiting
+        queue does). A view that does not say queues."""
+        return False
+
 
 class ClusterView(ABC):
     """The cluster at one instant: instances, the global pool and the cost model."""

@@ -24,6 +24,12 @@ def _cell(speedup: float, policy: str, goodput: float, wasted: int = 0, std: flo
         "wasted_prefill_tokens": wasted,
         "accepted_slo_attainment": 0.97 if policy == matrix.OURS else 0.5,
         "decode_load_std": std,
+        "rejected_late": wasted // 5,
+        "wasted_prefill_gpu_s": wasted / 10,
+        "decisions_changed": 3 if policy == matrix.OURS else None,
+        "placed_elsewhere": 1 if policy == matrix.OURS else None,
+        "decode_load_mean": 0.9,
+        "prefill_load_mean": 0.5,
     }
 
 
@@ -46,6 +52,8 @@ def test_summary_puts_ours_over_the_best_rival_at_the_worst_speedup() -> None:
     assert row["std_vs_reject"] == pytest.approx(0.8)  # the worse of 0.5 and 0.8
     assert row["min_accepted_attainment"] == 0.97
     assert row["cells_lost"] == 1
+    assert (row["late_rejected"], row["late_rejected_reject"]) == (1, 8)
+    assert (row["decisions_changed"], row["placed_elsewhere"]) == (6, 2)
 
 
 def test_a_lost_cell_fails_the_run() -> None:
@@ -59,6 +67,24 @@ def test_ratios_of_nothing_wasted() -> None:
     assert matrix._ratio(0.0, 0.0) == 1.0
     assert matrix._ratio(3.0, 0.0) is None
     assert matrix._ratio(3.0, 6.0) == 0.5
+
+
+def test_where_decode_binds_prediction_must_beat_the_current_batch() -> None:
+    def cells(ours_goodput: float, ours_waste: int, ours_std: float) -> list[dict]:
+        rows = [
+            _cell(2.0, matrix.OURS, ours_goodput, wasted=ours_waste, std=ours_std),
+            _cell(2.0, matrix.CURRENT, 8.0, wasted=20, std=0.1),
+        ]
+        return rows + [{**r, "shape": "8P+8D"} for r in rows]
+
+    assert matrix.failures(cells(9.0, 5, 0.05)) == []
+    assert matrix.failures(cells(8.0, 5, 0.05)) == [  # a tie is not a win here...
+        "t 8P+1D 2x: goodput 8 not above cache-aware-reject's 8 where decode binds"
+    ]
+    assert matrix.failures(cells(9.0, 20, 0.2)) == [  # ...nor equal waste, nor more swing
+        "t 8P+1D 2x: wasted prefill 2 GPU-s not under cache-aware-reject's 2 where decode binds",
+        "t 8P+1D 2x: decode-load std 0.2 not under cache-aware-reject's 0.1 where decode binds",
+    ]
 
 
 @pytest.fixture
@@ -89,10 +115,11 @@ def test_speedups_start_where_prefix_rr_falls_under_90_percent(small) -> None:
     assert speedups == [onset, 2 * onset, 4 * onset] and onset in matrix.LADDER
     assert len(rows) == 3 * len(matrix.POLICIES)
     cell = matrix.Cell(traces[0], 2, 1, onset, "prefix-rr")
-    assert matrix.simulate_cell(cell, settings).slo_attainment < OVERLOAD_ATTAINMENT
+    assert matrix.simulate_cell(cell, settings).summary.slo_attainment < OVERLOAD_ATTAINMENT
     if onset > matrix.LADDER[0]:
         below = cell._replace(speedup=onset / 2)
-        assert matrix.simulate_cell(below, settings).slo_attainment >= OVERLOAD_ATTAINMENT
+        attainment = matrix.simulate_cell(below, settings).summary.slo_attainment
+        assert attainment >= OVERLOAD_ATTAINMENT
 
 
 def test_processes_give_the_same_rows(small) -> None:

@@ -103,7 +103,7 @@ def _policy(name: str, slo: SLO = SLO_):
 REQ = SchedRequest(0, 0.0, 16, (1, 2, 3, 4))
 
 
-def test_registry_names_all_ten() -> None:
+def test_registry_names_all_eleven() -> None:
     assert list(SCHEDULING_POLICIES) == [
         "random",
         "round-robin",
@@ -113,6 +113,7 @@ def test_registry_names_all_ten() -> None:
         "dynamo-cost",
         "llm-d-scorers",
         "cache-aware",
+        "cache-aware-ttft",
         "cache-aware-reject",
         "cache-aware-predictive",
     ]

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
 from kvstore.bench.__main__ import main
-from kvstore.conductor import SLO, CostModel
+from kvstore.conductor import SLO, CostModel, RejectReason
 from kvstore.conductor.sim.simulator import SimConfig, TraceRequest, simulate
 from tests.conductor.test_scheduler_cost_model import UNIT
 
@@ -106,7 +107,7 @@ def test_cli_writes_the_rows(tmp_path: Path) -> None:
     ]
     assert main([*argv, "--no-targets"]) == 0  # exploration: the verdict is not the status
     rows = json.loads(out.read_text())
-    assert len(rows) == 10 and all(row.keys() >= KEYS for row in rows)
+    assert len(rows) == 11 and all(row.keys() >= KEYS for row in rows)
     assert {row["speedup"] for row in rows} == {2.0}
     assert main(argv) == 1  # a target missed, or no speedup that overloads prefix-rr
 
@@ -141,3 +142,61 @@ def test_decode_admits_in_order() -> None:
     decode.admit(2, 50, 10, 0.0)  # would fit, but waits behind 1 (FIFO)
     assert [s.is_waiting for s in decode.running()] == [False, True, True]
     assert decode.context_tokens() == 900
+
+
+SMALL_DECODE = dataclasses.replace(UNIT, decode_kv_capacity_tokens=100, gpus_per_instance=8)
+
+
+def _two_at_once(gap_ms: float = 100.0) -> list[TraceRequest]:
+    """Two 60-token prompts, 100 ms apart, whose KV cannot both sit on one 100-token decode
+    instance: the second reaches decode while the first still decodes."""
+    return [
+        TraceRequest(0, 60, 30, tuple(range(100, 115))),
+        TraceRequest(gap_ms, 60, 30, tuple(range(200, 215))),
+    ]
+
+
+@pytest.mark.parametrize("policy", ["round-robin", "cache-aware-ttft", "cache-aware-reject"])
+def test_decode_refuses_after_prefill_and_the_prefill_is_wasted(policy: str) -> None:
+    config = SimConfig(2, 1, slo=SLO(100.0, 1.0), profile=SMALL_DECODE)
+    result = simulate(policy, _two_at_once(), config)
+    first, second = result.outcomes
+    assert first.is_met(config.slo)
+    assert second.late and second.rejected is RejectReason.DECODE_MEMORY
+    assert second.prefilled_tokens == 60 and second.ttft_s > 0
+    summary = result.summary
+    assert (summary.rejected, summary.rejected_late) == (1, 1)
+    assert summary.wasted_prefill_tokens == 60
+    prefill_s = CostModel(SMALL_DECODE).prefill_s(60)
+    assert summary.wasted_prefill_gpu_s == pytest.approx(8 * prefill_s)
+    assert summary.accepted_slo_attainment == 0.5  # the policy admitted both
+
+
+def test_a_queuing_decode_serves_late_instead_of_refusing() -> None:
+    config = SimConfig(2, 1, slo=SLO(100.0, 1.0), profile=SMALL_DECODE, decode_admission="queue")
+    first, second = simulate("round-robin", _two_at_once(), config).outcomes
+    assert first.rejected is None and second.rejected is None
+    assert second.tbt_s > first.tbt_s  # it waited for the first to end
+
+
+def test_prediction_refuses_early_what_the_current_batch_admits() -> None:
+    config = SimConfig(2, 1, slo=SLO(100.0, 1.0), profile=SMALL_DECODE)
+    result = simulate("cache-aware-predictive", _two_at_once(), config)
+    first, second = result.outcomes
+    assert first.is_met(config.slo)
+    assert second.rejected is RejectReason.DECODE_MEMORY and not second.late
+    assert result.summary.wasted_prefill_tokens == 0
+    # The current-batch test, on the same view, would have admitted it.
+    assert result.counts["decode_tests"] == 2 and result.counts["refused_over_current"] == 1
+
+
+def test_every_instance_load_is_sampled() -> None:
+    config = SimConfig(2, 1, slo=SLO(100.0, 1.0), profile=SMALL_DECODE, sample_s=0.5)
+    load = simulate("round-robin", _two_at_once(gap_ms=2000), config).load
+    assert [x.time_s for x in load] == [0.5 * k for k in range(len(load))]
+    assert all(len(x.prefill) == 2 and len(x.decode) == 1 for x in load)
+    # Both prefills queued at 1 s: each instance's load is its queued work over the SLO.
+    at_1s = load[2]
+    busy = CostModel(SMALL_DECODE).prefill_s(60) - 1.0
+    assert at_1s.prefill[0] == pytest.approx(busy / 100.0)
+    assert at_1s.decode == (0.0,)

@@ -3,9 +3,12 @@ admission control.
 
 Prefill goes to the instance with the lowest predicted TTFT (`kvstore.conductor.ttft`);
 hot prefixes are copied ahead of need (`HotBlockReplicator`); decode goes to the instance
-with the lowest predicted step time. Three admission variants share all of that:
+with the lowest predicted step time. Four admission variants share all of that:
 
 - `cache-aware`: admits everything.
+- `cache-aware-ttft`: rejects when the predicted TTFT misses the SLO, and leaves decode to
+  the decode instance, which refuses after the prefill what it cannot take (Mooncake's
+  baseline without early rejection: that prefill is thrown away).
 - `cache-aware-reject`: rejects when the predicted TTFT misses the SLO, or when the decode
   step time with the request added to the batch decoding *now* misses the TBT SLO.
 - `cache-aware-predictive`: the same TTFT test; the TBT test is on the batch predicted at
@@ -21,7 +24,7 @@ instance misses the TTFT SLO).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 from kvstore.conductor import ttft
@@ -31,14 +34,15 @@ from kvstore.conductor.decode_load import DecodeLoad, DecodeLoadPredictor, Decod
 from kvstore.conductor.output_len import OutputLenEstimator
 from kvstore.conductor.replication import HotBlockReplicator
 from kvstore.conductor.request import SchedRequest
-from kvstore.conductor.view import ClusterView
+from kvstore.conductor.view import ClusterView, DecodeView
 
 
 class CacheAwarePolicy(SchedulingPolicy):
     """Algorithm 1 without rejection; the base of the two admitting variants."""
 
     name = "cache-aware"
-    admits: ClassVar[bool] = False  # whether the SLO tests may reject
+    admits: ClassVar[bool] = False  # whether the TTFT test may reject
+    tests_decode: ClassVar[bool] = True  # whether the decode test may too (when admitting)
 
     def __init__(self, ctx: PolicyContext) -> None:
         super().__init__(ctx)
@@ -53,7 +57,7 @@ class CacheAwarePolicy(SchedulingPolicy):
         handoff_s = view.cost.handoff_s(request.input_len, chosen.plan.compute_s)
         reach_s = view.now_s + chosen.ttft_s + handoff_s
         decode, tbt_s, rejection = self._place_decode(request, view, reach_s, handoff_s)
-        if self.admits and rejection is not None:
+        if self.admits and self.tests_decode and rejection is not None:
             return rejection
         self.replicator.record(request.hash_ids, chosen.instance, view)
         return Accept(chosen.instance, decode, chosen.ttft_s, tbt_s)
@@ -106,6 +110,14 @@ class CacheAwarePolicy(SchedulingPolicy):
         return None
 
 
+class CacheAwareTTFTPolicy(CacheAwarePolicy):
+    """Algorithm 1 with rejection on the predicted TTFT only: no early rejection on decode."""
+
+    name = "cache-aware-ttft"
+    admits = True
+    tests_decode = False
+
+
 class CacheAwareRejectPolicy(CacheAwarePolicy):
     """Algorithm 1 with early rejection on the current decode load."""
 
@@ -133,8 +145,33 @@ class CacheAwarePredictivePolicy(CacheAwarePolicy):
     # to wait meets its TBT with the probability the conductor promises its accepted ones.
     planned_output_quantile: ClassVar[float] = 0.05
 
+    def __init__(self, ctx: PolicyContext) -> None:
+        super().__init__(ctx)
+        # Decode tests made, those whose verdict differs from the current-batch test's, and
+        # those admitted by both but placed on another decode instance.
+        self._counts = dict.fromkeys(
+            ("decode_tests", "admitted_over_current", "refused_over_current", "placed_elsewhere"),
+            0,
+        )
+
+    def counts(self) -> Mapping[str, int]:
+        return dict(self._counts)
+
     def _place_decode(
         self, request: SchedRequest, view: ClusterView, reach_s: float, handoff_s: float
+    ) -> tuple[int, float, Reject | None]:
+        placed = self._place_predicted(request, view, reach_s)
+        current, _, current_reject = super()._place_decode(request, view, reach_s, handoff_s)
+        self._counts["decode_tests"] += 1
+        if (placed[2] is None) != (current_reject is None):
+            key = "admitted_over_current" if current_reject else "refused_over_current"
+            self._counts[key] += 1
+        elif placed[2] is None and placed[0] != current:
+            self._counts["placed_elsewhere"] += 1
+        return placed
+
+    def _place_predicted(
+        self, request: SchedRequest, view: ClusterView, reach_s: float
     ) -> tuple[int, float, Reject | None]:
         output_len = self.predictor.outputs.quantile(self.planned_output_quantile)
         self.predictor.outputs.censor(
@@ -146,18 +183,33 @@ class CacheAwarePredictivePolicy(CacheAwarePolicy):
         rooms = [
             self.predictor.room(d, view.now_s, reach_s, request.input_len) for d in view.decode
         ]
-        # The handoff is left out, as in the current-load test: it overlaps the prefill
-        # for all but prompts loaded almost whole, and is short beside a decode.
-        tbts = [r.tbt_s(self.predictor.step_s(r.load), reach_s, 0.0, output_len) for r in rooms]
+        tbts = [
+            self._predicted_tbt(d, r, reach_s, output_len)
+            for d, r in zip(view.decode, rooms, strict=True)
+        ]
         decode = min(range(len(rooms)), key=lambda i: (tbts[i], i))
         room, tbt_s = rooms[decode], tbts[decode]
-        if math.isinf(room.join_s):
+        if math.isinf(tbt_s):
             capacity = view.decode[decode].kv_capacity_tokens
-            return decode, tbt_s, Reject(RejectReason.DECODE_MEMORY, request.input_len, capacity)
+            # Refused where it would wait: retry when the predicted room opens.
+            retry = None if math.isinf(room.join_s) else room.join_s - reach_s
+            reject = Reject(RejectReason.DECODE_MEMORY, request.input_len, capacity, retry)
+            return decode, tbt_s, reject
         if tbt_s <= self.ctx.slo.tbt_s:
             return decode, tbt_s, None
         steps = max(1.0, output_len - 1)
         return decode, tbt_s, self._reject_tbt(view, decode, room, tbt_s, steps, reach_s)
+
+    def _predicted_tbt(
+        self, decode: DecodeView, room: DecodeRoom, reach_s: float, output_len: float
+    ) -> float:
+        """The mean time between tokens predicted on `decode`: infinite where the request
+        never fits, or would wait for room on an instance that refuses instead of queuing."""
+        if math.isinf(room.join_s) or (decode.refuses_when_busy and room.join_s > reach_s):
+            return math.inf
+        # The handoff is left out, as in the current-load test: it overlaps the prefill
+        # for all but prompts loaded almost whole, and is short beside a decode.
+        return room.tbt_s(self.predictor.step_s(room.load), reach_s, 0.0, output_len)
 
     def _reject_tbt(
         self,

@@ -15,7 +15,12 @@ class SimCluster(ClusterView):
     """N prefill instances, M decode instances and the global pool, at `now_s`."""
 
     def __init__(
-        self, cost: CostModel, num_prefill: int, num_decode: int, pool_blocks: int
+        self,
+        cost: CostModel,
+        num_prefill: int,
+        num_decode: int,
+        pool_blocks: int,
+        refuse_over_tbt_s: float | None = None,
     ) -> None:
         profile = cost.profile
         self._cost = cost
@@ -24,7 +29,8 @@ class SimCluster(ClusterView):
             SimPrefill(cost, profile.prefill_cache_blocks, self.pool) for _ in range(num_prefill)
         ]
         self.decodes = [
-            SimDecode(cost, profile.decode_kv_capacity_tokens) for _ in range(num_decode)
+            SimDecode(cost, profile.decode_kv_capacity_tokens, refuse_over_tbt_s)
+            for _ in range(num_decode)
         ]
         self._now_s = 0.0
 

@@ -15,6 +15,7 @@ from collections import deque
 from typing import NamedTuple
 
 from kvstore.conductor.cost_model import CostModel
+from kvstore.conductor.decision import RejectReason
 from kvstore.conductor.view import DecodeView, IncomingSeq, RunningSeq
 
 _EPS = 1e-9
@@ -28,11 +29,18 @@ class _Member(NamedTuple):
 
 
 class SimDecode(DecodeView):
-    """One decode instance; the simulator admits sequences and collects finished ones."""
+    """One decode instance; the simulator admits sequences and collects finished ones.
 
-    def __init__(self, cost: CostModel, capacity_tokens: int) -> None:
+    With `refuse_over_tbt_s`, a sequence whose KV does not fit now, or whose step would
+    then take longer than that, is refused on arrival (`refusal`) instead of queued.
+    """
+
+    def __init__(
+        self, cost: CostModel, capacity_tokens: int, refuse_over_tbt_s: float | None = None
+    ) -> None:
         self.cost = cost
         self._capacity = capacity_tokens
+        self._refuse_over_tbt_s = refuse_over_tbt_s
         self.clock = 0.0
         self.last_s = 0.0
         self.members: dict[int, _Member] = {}
@@ -45,6 +53,25 @@ class SimDecode(DecodeView):
         return self.cost.decode_step_s(
             len(self.members), self._offset + len(self.members) * self.clock
         )
+
+    def load(self, tbt_s: float) -> float:
+        """How close the instance is to its binding limit: the larger of its KV use over
+        its capacity and its step time over `tbt_s` (1.0: at the limit)."""
+        return max(self.context_tokens() / self._capacity, self._step_s() / tbt_s)
+
+    def refusal(self, input_len: int) -> RejectReason | None:
+        """Why a sequence of `input_len` KV tokens arriving now is refused; None when it is
+        taken, or when the instance queues instead of refusing."""
+        if self._refuse_over_tbt_s is None:
+            return None
+        if self.waiting or self.context_tokens() + input_len > self._capacity:
+            return RejectReason.DECODE_MEMORY
+        step = self.cost.decode_step_s(len(self.members) + 1, self.context_tokens() + input_len)
+        return RejectReason.TBT if step > self._refuse_over_tbt_s else None
+
+    @property
+    def refuses_when_busy(self) -> bool:
+        return self._refuse_over_tbt_s is not None
 
     def _slope(self) -> float:
         return self.cost.profile.decode_s_per_context_token * len(self.members)

@@ -7,7 +7,7 @@ randomness is the policy's, seeded by `SimConfig.seed`.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import NamedTuple
@@ -43,7 +43,11 @@ class SimConfig:
         slo: the objectives requests are judged on (and admitted against).
         profile: the cost model's coefficients; also sizes caches and KV capacity.
         seed: seeds the policy's random choices.
-        sample_s: how often, in simulated seconds, decode load is sampled.
+        sample_s: how often, in simulated seconds, instance load is sampled.
+        decode_admission: what a decode instance does with a request whose KV arrives
+            when it cannot decode it at once within the TBT objective: ``"refuse"`` it,
+            throwing its prefill away (Mooncake's decode instances), or ``"queue"`` it
+            until its KV fits (an engine's waiting queue).
     """
 
     num_prefill: int = 8
@@ -53,12 +57,20 @@ class SimConfig:
     profile: CostProfile = DATACENTER
     seed: int = 0
     sample_s: float = 1.0
+    decode_admission: str = "refuse"
 
     def __post_init__(self) -> None:
         if self.num_prefill < 1 or self.num_decode < 1:
             raise ValueError("at least one prefill and one decode instance")
+        if self.decode_admission not in DECODE_ADMISSIONS:
+            raise ValueError(
+                f"decode_admission {self.decode_admission!r} not one of {DECODE_ADMISSIONS}"
+            )
         if not self.speedup > 0 or not self.sample_s > 0:
             raise ValueError(f"speedup and sample_s must be > 0: {self.speedup}, {self.sample_s}")
+
+
+DECODE_ADMISSIONS = ("refuse", "queue")
 
 
 class _Kind(IntEnum):
@@ -70,12 +82,37 @@ class _Kind(IntEnum):
     SAMPLE = 4
 
 
+class LoadSample(NamedTuple):
+    """Every instance's load at one time (1.0: at its limit).
+
+    A prefill instance's load is its queued work over the TTFT objective; a decode
+    instance's the larger of its KV use over its capacity and its step time over the TBT
+    objective (`SimDecode.load`).
+    """
+
+    time_s: float
+    prefill: tuple[float, ...]
+    decode: tuple[float, ...]
+
+    @property
+    def mean_decode(self) -> float:
+        """The decode instances' mean load."""
+        return sum(self.decode) / len(self.decode)
+
+    @property
+    def mean_prefill(self) -> float:
+        """The prefill instances' mean load."""
+        return sum(self.prefill) / len(self.prefill)
+
+
 class SimResult(NamedTuple):
-    """The per-request outcomes, the decode load series and the summary of one run."""
+    """The per-request outcomes, the load series, the summary of one run, and what the
+    policy counted (`SchedulingPolicy.counts`)."""
 
     outcomes: list[RequestOutcome]
-    decode_load: list[tuple[float, float]]  # (time s, mean decode KV utilisation)
+    load: list[LoadSample]
     summary: SimSummary
+    counts: Mapping[str, int]
 
 
 class Simulator:
@@ -88,7 +125,10 @@ class Simulator:
         self.policy = policy
         self.cost = CostModel(config.profile)
         pool_blocks = config.profile.pool_capacity_blocks * config.num_prefill
-        self.cluster = SimCluster(self.cost, config.num_prefill, config.num_decode, pool_blocks)
+        refuse = config.slo.tbt_s if config.decode_admission == "refuse" else None
+        self.cluster = SimCluster(
+            self.cost, config.num_prefill, config.num_decode, pool_blocks, refuse
+        )
         t0 = requests[0].timestamp_ms if requests else 0.0
         self.requests = [
             (
@@ -104,7 +144,7 @@ class Simulator:
         self._outcomes: dict[int, RequestOutcome] = {}
         self._prefill_end_s: dict[int, float] = {}
         self._decode_version = [0] * config.num_decode
-        self._load: list[tuple[float, float]] = []
+        self._load: list[LoadSample] = []
         self._handlers: dict[_Kind, Callable[[float, int, int], None]] = {
             _Kind.ARRIVAL: self._on_arrival,
             _Kind.PREFILL_END: self._on_prefill_end,
@@ -129,8 +169,11 @@ class Simulator:
             self._handlers[_Kind(kind)](t, a, b)
         outcomes = [self._outcomes[i] for i in range(len(self.requests))]
         window = self.requests[-1][0].arrival_s if self.requests else 0.0
-        loads = [u for _, u in self._load]
-        return SimResult(outcomes, self._load, summarize(outcomes, self.config.slo, window, loads))
+        decode = [sample.mean_decode for sample in self._load]
+        prefill = [sample.mean_prefill for sample in self._load]
+        gpus = self.config.profile.gpus_per_instance
+        summary = summarize(outcomes, self.config.slo, window, decode, gpus, prefill)
+        return SimResult(outcomes, self._load, summary, dict(self.policy.counts()))
 
     def _on_arrival(self, t: float, i: int, _: int) -> None:
         req, _output = self.requests[i]
@@ -165,7 +208,12 @@ class Simulator:
         i = req.request_id
         self._prefill_end_s[i] = t
         self._outcomes[i] = RequestOutcome(
-            i, None, t - req.arrival_s, 0.0, req.input_len - job.plan.cached_len
+            i,
+            None,
+            t - req.arrival_s,
+            0.0,
+            req.input_len - job.plan.cached_len,
+            job.plan.seconds,
         )
         output = self.requests[i][1]
         if output > 1:
@@ -178,7 +226,13 @@ class Simulator:
 
     def _on_decode_arrive(self, t: float, i: int, d: int) -> None:
         req, output = self.requests[i]
-        self.cluster.decodes[d].admit(i, req.input_len, output - 1, t)
+        decode = self.cluster.decodes[d]
+        refusal = decode.refusal(req.input_len)
+        if refusal is not None:
+            decode.incoming_seqs.pop(i, None)
+            self._outcomes[i] = self._outcomes[i]._replace(rejected=refusal, late=True)
+            return
+        decode.admit(i, req.input_len, output - 1, t)
         self._reschedule(d)
 
     def _reschedule(self, d: int) -> None:
@@ -198,9 +252,10 @@ class Simulator:
         self._reschedule(d)
 
     def _on_sample(self, t: float, _a: int, _b: int) -> None:
-        decodes = self.cluster.decodes
-        util = sum(d.context_tokens() / d.kv_capacity_tokens for d in decodes) / len(decodes)
-        self._load.append((t, util))
+        slo = self.config.slo
+        prefill = tuple(p.queued_s() / slo.ttft_s for p in self.cluster.prefills)
+        decode = tuple(d.load(slo.tbt_s) for d in self.cluster.decodes)
+        self._load.append(LoadSample(t, prefill, decode))
         if self.requests and t + self.config.sample_s <= self.requests[-1][0].arrival_s:
             self._push(t + self.config.sample_s, _Kind.SAMPLE)
 
