@@ -64,10 +64,10 @@ GENERATED = MappingProxyType(
     {
         "conversation": ("conversation", 600, 0),
         "agent": ("agent", 300, 0),
-        "coding": ("coding", 800, 0),
+        "coding": ("coding", 2000, 0),
     }
 )
-QUICK_SESSIONS = MappingProxyType({"conversation": 150, "agent": 80, "coding": 150})
+QUICK_SESSIONS = MappingProxyType({"conversation": 150, "agent": 80, "coding": 400})
 QUICK_SHARED_REQUESTS = 800
 SUMMARY_TITLE = "scheduler matrix: cache-aware-predictive over its rivals (ratios within this run)"
 

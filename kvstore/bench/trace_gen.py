@@ -57,7 +57,7 @@ KINDS: Mapping[str, Workload] = MappingProxyType(
     {
         "conversation": Workload(20, (1000, 6000), 1.2, 4.0, (50, 3000), (50, 800), 200, 200.0),
         "agent": Workload(4, (4000, 12000), 1.0, 8.0, (100, 1500), (50, 300), 64, 50.0),
-        "coding": Workload(8, (300, 1200), 1.2, 4.0, (50, 500), (2, 30), 100, 100.0),
+        "coding": Workload(8, (300, 1200), 1.2, 4.0, (50, 500), (2, 30), 100, 20.0),
     }
 )
 DEFAULT_SESSIONS = 1500

@@ -17,7 +17,7 @@ from kvstore.conductor import (
     SchedRequest,
     make_scheduling_policy,
 )
-from kvstore.conductor.decode_load import DecodeLoad, DecodeLoadPredictor
+from kvstore.conductor.decode_load import Arrivals, DecodeLoad, DecodeLoadPredictor
 from kvstore.conductor.output_len import OutputLenEstimator
 from kvstore.conductor.view import IncomingSeq, RunningSeq
 from tests.conductor.test_scheduler_cost_model import UNIT
@@ -207,3 +207,51 @@ def test_none_joins_before_the_one_waiting_ahead() -> None:
     assert room.join_s == pytest.approx(200 * STEP)
     assert room.load == DecodeLoad(2, pytest.approx(850 + 50))
     assert PRED.room(_Decode([OLD]), 0.0, 0.0, 50).join_s == 0.0
+
+
+class _Refusing(_Decode):
+    """A decode instance that refuses, on arrival, what does not fit then."""
+
+    @property
+    def refuses_when_busy(self) -> bool:
+        return True
+
+
+def test_the_odds_of_fitting_on_arrival() -> None:
+    # Outputs all of the prior's length: OLD surely holds its 900 tokens until it ends.
+    assert PRED.room(_Decode([OLD]), 0.0, 0.0, 200, tbt_s=1.0).fits_p == 0.0
+    assert PRED.room(_Decode([OLD]), 0.0, 30.0, 200, tbt_s=1.0).fits_p == 1.0
+    # ... and a step of 0.02 + 0.002 + 0.11 s misses a TBT of 0.1 s however it fits.
+    assert PRED.room(_Decode([RunningSeq(900, 56)]), 0.0, 30.0, 1000, tbt_s=0.1).fits_p == 0.0
+    # Outputs of 50 or 500 tokens, evenly: 100 steps on, each of six young sequences still
+    # decodes (holding 200 tokens) on a coin toss, so 400 more fit when three or fewer do
+    # (42 in 64); the normal approximation of the batch says even odds.
+    outputs = OutputLenEstimator()
+    for n in (50, 500) * 40:
+        outputs.observe(n)
+    young = [RunningSeq(100, 1)] * 6
+    at_s = 100 * COST.decode_step_s(6, 600)
+    room = DecodeLoadPredictor(COST, outputs).room(_Decode(young), 0.0, at_s, 400, 1.0)
+    assert room.fits_p == pytest.approx(0.5, abs=0.05)
+
+
+def test_a_refusing_instance_drops_what_cannot_fit_on_arrival() -> None:
+    # The 850 tokens arriving at 1 s do not fit beside OLD: a queuing instance holds them
+    # until OLD ends (the request then waits for them too), a refusing one turns them away.
+    queuing = PRED.room(_Decode([OLD], [IncomingSeq(1.0, 850)]), 0.0, 30.0, 200, 1.0)
+    refusing = PRED.room(_Refusing([OLD], [IncomingSeq(1.0, 850)]), 0.0, 30.0, 200, 1.0)
+    assert queuing.join_s > 30.0 and queuing.fits_p == 0.0
+    assert refusing.join_s == 30.0 and refusing.fits_p == 1.0
+
+
+def test_requests_not_routed_yet_overtake_by_the_recent_rate() -> None:
+    arrivals = Arrivals()
+    assert arrivals.overtaking(0.0, 10.0) == (0.0, 0.0)  # nothing routed: nothing expected
+    for routed_s, delay_s, tokens in ((0.0, 1.0, 100), (1.0, 5.0, 200), (2.0, 1.0, 300)):
+        arrivals.record(routed_s, routed_s + delay_s, tokens)
+    # 3 routings in 2 s; 4 s ahead, two of every three (delay 1 s) have 3 s to spare.
+    count, tokens = arrivals.overtaking(2.0, 6.0)
+    assert count == pytest.approx(1.5 * (3 + 0 + 3) / 3) and tokens == 200
+    # Counted in the batch a request arriving then joins.
+    room = PRED.room(_Decode(), 2.0, 6.0, 100, 1.0, arrivals)
+    assert room.load.num_seqs == 1 + round(count)

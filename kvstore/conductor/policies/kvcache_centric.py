@@ -30,7 +30,13 @@ from typing import ClassVar
 from kvstore.conductor import ttft
 from kvstore.conductor.base import PolicyContext, Replication, SchedulingPolicy
 from kvstore.conductor.decision import Accept, Decision, Reject, RejectReason
-from kvstore.conductor.decode_load import DecodeLoad, DecodeLoadPredictor, DecodeRoom, current_load
+from kvstore.conductor.decode_load import (
+    Arrivals,
+    DecodeLoad,
+    DecodeLoadPredictor,
+    DecodeRoom,
+    current_load,
+)
 from kvstore.conductor.output_len import OutputLenEstimator
 from kvstore.conductor.replication import HotBlockReplicator
 from kvstore.conductor.request import SchedRequest
@@ -48,6 +54,7 @@ class CacheAwarePolicy(SchedulingPolicy):
         super().__init__(ctx)
         self.predictor = DecodeLoadPredictor(ctx.cost, OutputLenEstimator())
         self.replicator = HotBlockReplicator()
+        self.arrivals: dict[int, Arrivals] = {}  # by decode instance: recent routings
 
     def decide(self, request: SchedRequest, view: ClusterView) -> Decision:
         estimates = ttft.estimate_all(request, view)
@@ -56,10 +63,12 @@ class CacheAwarePolicy(SchedulingPolicy):
             return self._reject_ttft(chosen)
         handoff_s = view.cost.handoff_s(request.input_len, chosen.plan.compute_s)
         reach_s = view.now_s + chosen.ttft_s + handoff_s
-        decode, tbt_s, rejection = self._place_decode(request, view, reach_s, handoff_s)
+        decode, tbt_s, rejection = self._place_decode(request, view, reach_s)
         if self.admits and self.tests_decode and rejection is not None:
             return rejection
         self.replicator.record(request.hash_ids, chosen.instance, view)
+        arrivals = self.arrivals.setdefault(decode, Arrivals())
+        arrivals.record(view.now_s, reach_s, request.input_len)
         return Accept(chosen.instance, decode, chosen.ttft_s, tbt_s)
 
     def observe_output(self, output_len: int, input_len: int | None = None) -> None:
@@ -69,9 +78,10 @@ class CacheAwarePolicy(SchedulingPolicy):
         return self.replicator.take()
 
     def _place_decode(
-        self, request: SchedRequest, view: ClusterView, reach_s: float, handoff_s: float
+        self, request: SchedRequest, view: ClusterView, reach_s: float
     ) -> tuple[int, float, Reject | None]:
-        """The decode instance, its predicted TBT, and the rejection its check predicts."""
+        """The decode instance for `request` (reaching decode at `reach_s`), its predicted
+        TBT, and the rejection its check predicts."""
         loads = [current_load(d).plus(request.input_len) for d in view.decode]
         decode = min(range(len(loads)), key=lambda i: (self.predictor.step_s(loads[i]), i))
         tbt_s = self.predictor.step_s(loads[decode])
@@ -158,10 +168,10 @@ class CacheAwarePredictivePolicy(CacheAwarePolicy):
         return dict(self._counts)
 
     def _place_decode(
-        self, request: SchedRequest, view: ClusterView, reach_s: float, handoff_s: float
+        self, request: SchedRequest, view: ClusterView, reach_s: float
     ) -> tuple[int, float, Reject | None]:
         placed = self._place_predicted(request, view, reach_s)
-        current, _, current_reject = super()._place_decode(request, view, reach_s, handoff_s)
+        current, _, current_reject = super()._place_decode(request, view, reach_s)
         self._counts["decode_tests"] += 1
         if (placed[2] is None) != (current_reject is None):
             key = "admitted_over_current" if current_reject else "refused_over_current"
@@ -180,9 +190,15 @@ class CacheAwarePredictivePolicy(CacheAwarePolicy):
             for s in d.running()
             if not s.is_waiting
         )
+        slo = self.ctx.slo
         rooms = [
-            self.predictor.room(d, view.now_s, reach_s, request.input_len) for d in view.decode
+            self.predictor.room(
+                d, view.now_s, reach_s, request.input_len, slo.tbt_s, self.arrivals.get(i)
+            )
+            for i, d in enumerate(view.decode)
         ]
+        if all(d.refuses_when_busy for d in view.decode):
+            return self._place_refusing(view, reach_s, rooms)
         tbts = [
             self._predicted_tbt(d, r, reach_s, output_len)
             for d, r in zip(view.decode, rooms, strict=True)
@@ -199,6 +215,36 @@ class CacheAwarePredictivePolicy(CacheAwarePolicy):
             return decode, tbt_s, None
         steps = max(1.0, output_len - 1)
         return decode, tbt_s, self._reject_tbt(view, decode, room, tbt_s, steps, reach_s)
+
+    def _place_refusing(
+        self, view: ClusterView, reach_s: float, rooms: Sequence[DecodeRoom]
+    ) -> tuple[int, float, Reject | None]:
+        """On decode instances that refuse what does not fit at once, throwing its prefill
+        away, the request goes where it most likely fits (`DecodeRoom.fits_p`), and is
+        admitted when it is more likely than not to fit there on arrival.
+
+        Even odds, not a threshold fitted to a trace: a decode instance that binds takes
+        one request for each that ends, so a request admitted against the odds mostly
+        displaces another at decode while its prefill is most likely thrown away; one
+        refused against them mostly leaves its place to another. (Admitting every chance
+        when prefill is idle, since a wasted prefill then delays no one, was measured: it
+        doubles the prefill thrown away for no goodput, see the scheduler benchmarks.)
+        """
+        steps = [self.predictor.step_s(r.load) for r in rooms]
+        # The likeliest fit; among equally likely ones (to 0.1%), the fastest step.
+        decode = min(range(len(rooms)), key=lambda i: (-round(rooms[i].fits_p, 3), steps[i], i))
+        room, step_s = rooms[decode], steps[decode]
+        if room.fits_p >= 0.5:
+            return decode, step_s, None
+        retry = None if math.isinf(room.join_s) else max(0.0, room.join_s - reach_s)
+        if step_s > self.ctx.slo.tbt_s:
+            return decode, step_s, Reject(RejectReason.TBT, step_s, self.ctx.slo.tbt_s, retry)
+        capacity = view.decode[decode].kv_capacity_tokens
+        return (
+            decode,
+            step_s,
+            Reject(RejectReason.DECODE_MEMORY, room.load.context_tokens, capacity, retry),
+        )
 
     def _predicted_tbt(
         self, decode: DecodeView, room: DecodeRoom, reach_s: float, output_len: float
