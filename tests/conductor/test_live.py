@@ -99,6 +99,8 @@ def _conductor(
     flags = ["--engines", ",".join(engines), "--policy", policy, "--profile", str(profile)]
     flags += ["--port", "0", "--grpc-port", "0", "--tbt-slo-ms", "1000"]
     flags += ["--speed-window", str(speed_window)]
+    if not speed_window:  # it predicts with the profile alone: nothing to warm up for
+        flags += ["--warmup-rounds", "0"]
     return _spawn(tmp, name, "conductor", *flags, *(["--store", store] if store else []))
 
 
@@ -320,11 +322,7 @@ def test_health_and_metrics_count_routed_and_rejected_requests(cluster):
     _, after = _get(cluster.split_http + "/metrics")
     rejected = 'kvstore_conductor_rejected_requests_total{reason="ttft"}'
     assert _value(after, rejected) == _value(before, rejected) + 1
-    routed = sum(
-        float(v) for v in re.findall(r"^kvstore_conductor_routed_requests_total\{.*\} (\S+)$",
-                                     after, re.MULTILINE)
-    )  # fmt: skip
-    assert routed >= 1
+    assert _routed(after) >= 1
     assert _value(after, "kvstore_conductor_ttft_seconds_count") >= 1
     assert "kvstore_conductor_engine_queued_seconds" in after
 
@@ -343,9 +341,13 @@ def test_a_conductor_scales_its_profile_by_the_engines_measured_speed(cluster, t
     finally:
         assert proc.stop() == 0
     for phase in ("prefill", "decode"):
-        assert _speed(before, phase) == 1.0  # nothing measured yet: the profile's
+        # Measured by its warm-up before it served anything: the probes are no requests.
+        warmed = _speed(before, phase)
+        assert warmed > 0 and warmed != 1.0, (phase, warmed)
         measured = _speed(after, phase)
         assert measured > 0 and measured != 1.0, (phase, measured)
+    assert _routed(before) == 0 and _value(before, "kvstore_conductor_ttft_seconds_count") == 0
+    assert _routed(after) == 3
 
 
 def test_a_both_engines_conductor_measures_its_decode_steps_too(cluster):
@@ -357,6 +359,12 @@ def test_a_both_engines_conductor_measures_its_decode_steps_too(cluster):
     for phase in ("prefill", "decode"):  # a request served whole measures both
         measured = _speed(text, phase)
         assert measured > 0 and measured != 1.0, (phase, measured)
+
+
+def _routed(metrics: str) -> float:
+    """Requests routed, over every (prefill, decode) pair."""
+    pattern = r"^kvstore_conductor_routed_requests_total\{.*\} (\S+)$"
+    return sum(float(v) for v in re.findall(pattern, metrics, re.MULTILINE))
 
 
 def _speed(metrics: str, phase: str) -> float:

@@ -65,6 +65,9 @@ from kvstore.keys import Namespace
 
 log = logging.getLogger("kvstore.conductor")
 PREFILL_DONE = "prefill"  # a prefill engine's finish reason: decode continues
+WARMUP_PROMPT_BLOCKS = 8  # a warm-up probe's prompt, in the engines' blocks
+WARMUP_OUTPUT_TOKENS = 8  # and its output: a few decode steps
+WARMUP_VOCAB = 256  # its tokens are drawn below this: valid in any model's vocabulary
 
 
 class Roles(NamedTuple):
@@ -107,6 +110,7 @@ class Ticket:
     num_published_tokens: int = 0  # the prefill engine's count, handed to decode
     finish_reason: str = ""
     outcome: CompletionOutcome | None = None
+    is_probe: bool = False  # a warm-up request (`Conductor.warm_up`): not an outcome
 
     @property
     def input_len(self) -> int:
@@ -179,6 +183,45 @@ class Conductor:
         for replication in replications:
             self._replicate(replication, request, blocks)
         return ticket
+
+    async def warm_up(self, rounds: int) -> None:
+        """Times the engines before the first admission, so that the first predictions are
+        made at their measured speed: a fresh conductor would otherwise predict with the
+        profile, which on a loaded host can be many times too fast, admit everything in its
+        first second and miss the SLO of all of it.
+
+        Each round runs one probe per prefill engine (sent on to the decode engines in
+        turn), one after another, as any admitted request runs; the first round's
+        measurements are dropped (an engine's first forward passes pay its warm-up). A
+        probe's prompt is `WARMUP_PROMPT_BLOCKS` blocks of fresh random tokens, so no cache
+        holds it. Probes are not outcomes: no listener hears them and the policy learns
+        nothing from them. A failed probe is logged and costs only its measurement.
+        """
+        rng = random.Random()  # fresh tokens on every start: an engine's cache never has them
+        block_tokens = self.namespace.layout.block_tokens
+        for round_ in range(rounds):
+            if round_ == 1:
+                self.cluster.forget_speed()
+            for k in range(max(len(self.roles.prefill), len(self.roles.decode))):
+                accept = Accept(k % len(self.roles.prefill), k % len(self.roles.decode))
+                prompt = tuple(
+                    rng.randrange(WARMUP_VOCAB) for _ in range(WARMUP_PROMPT_BLOCKS * block_tokens)
+                )
+                await self._probe(prompt, accept)
+
+    async def _probe(self, prompt: tuple[int, ...], accept: Accept) -> None:
+        request = CompletionRequest(prompt, WARMUP_OUTPUT_TOKENS, 0.0, None, SLO())
+        request_id, blocks = next(self._ids), prompt_blocks(self.namespace, prompt)
+        self.cluster.snapshot(self.now_s())
+        sched = SchedRequest(request_id, self.now_s(), len(prompt), blocks.hash_ids)
+        ticket = self._book(sched, request, blocks, accept)
+        ticket.is_probe = True
+        try:
+            async with contextlib.aclosing(self.run(ticket)) as stream:
+                async for _ in stream:
+                    pass
+        except KVStoreError as exc:
+            log.warning("event=warmup_failed engine_pair=%s error=%s", accept[:2], exc)
 
     def _replicate(
         self, replication: Replication, request: CompletionRequest, blocks: PromptBlocks
@@ -341,10 +384,11 @@ class Conductor:
         self.cluster.decodes[t.accept.decode].finish(t.request_id)
         if t.finish_reason in ("", PREFILL_DONE):  # the stream stopped before its end
             t.finish_reason = "cancelled"
-        if not t.finish_reason.startswith(("error", "cancelled")):
+        if not t.finish_reason.startswith(("error", "cancelled")) and not t.is_probe:
             self.policy.observe_output(len(t.tokens))
         t.outcome = self._outcome(t)
-        self._emit(t.outcome)
+        if not t.is_probe:
+            self._emit(t.outcome)
 
     def _emit(self, outcome: CompletionOutcome) -> None:
         for listener in self.listeners:

@@ -56,6 +56,11 @@ class ConductorConfig:
     speed_max_age_s: float = option(
         MAX_AGE_S, "seconds a measurement of the engines' speed counts for at most"
     )
+    warmup_rounds: int = option(
+        2,
+        "rounds of probes timing every engine before the first admission (the first round's "
+        "timings dropped as cold); 0: none, the first predictions are the profile's",
+    )
     seed: int = option(0, "seeds the policy and the seeds drawn for unseeded sampling")
     engine_timeout_s: float = option(600.0, "deadline of one engine stream")
     ready_timeout_s: float = option(60.0, "how long to wait at start for every engine")
@@ -80,6 +85,8 @@ class ConductorConfig:
                 f"speed_window must be >= 0 and speed_max_age_s > 0: {self.speed_window}, "
                 f"{self.speed_max_age_s}"
             )
+        if self.warmup_rounds < 0:
+            raise InvalidArgumentError(f"warmup_rounds must be >= 0: {self.warmup_rounds}")
         if not self.engine_timeout_s > 0 or not self.ready_timeout_s > 0:
             raise InvalidArgumentError("engine_timeout_s and ready_timeout_s must be > 0")
         try:

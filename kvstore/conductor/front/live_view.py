@@ -233,6 +233,15 @@ class LiveCluster(ClusterView):
             self._speeds = speeds
             self._cost.profile = self.base_profile.scaled(*speeds)
 
+    def forget_speed(self) -> None:
+        """Drops every speed measurement so far: predictions are the profile's again until
+        new ones come (the conductor's warm-up drops the engines' first, cold ones)."""
+        window, max_age_s = self.prefill_speed.window, self.prefill_speed.max_age_s
+        self.prefill_speed = SpeedRatio(window, max_age_s)
+        self.decode_speed = SpeedRatio(window, max_age_s)
+        for p in self.prefills:
+            p.speed = self.prefill_speed
+
     @property
     def base_profile(self) -> CostProfile:
         """The profile as given, before any scaling."""

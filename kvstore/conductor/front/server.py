@@ -84,6 +84,7 @@ class ConductorServer:
         self.metrics.watch_streams(self.streams)
         self.conductor.listeners.append(self.metrics.observe)
         self.conductor.replication_listeners.append(self.metrics.replicated)
+        await self.conductor.warm_up(c.warmup_rounds)  # before any request can arrive
         await self._start_http(addresses)
         await self._start_grpc()
         log.info(

@@ -50,7 +50,7 @@ class SpeedRatio:
         if window < 0 or not max_age_s > 0:
             raise ValueError(f"window must be >= 0 and max_age_s > 0: {window}, {max_age_s}")
         self.max_age_s = max_age_s
-        self._window = window
+        self.window = window
         self._recent: deque[_Observation] = deque()
         self._measured_s = 0.0  # sums over `_recent`, kept as it changes (read per decision)
         self._predicted_s = 0.0
@@ -58,8 +58,8 @@ class SpeedRatio:
     def observe(self, now_s: float, measured_s: float, predicted_s: float) -> None:
         """At `now_s`, a piece of work took `measured_s` where the profile predicted
         `predicted_s`. Work the profile predicts no time for tells nothing: not counted."""
-        if predicted_s > 0 and measured_s >= 0 and self._window:
-            if len(self._recent) == self._window:
+        if predicted_s > 0 and measured_s >= 0 and self.window:
+            if len(self._recent) == self.window:
                 self._drop_oldest()
             self._recent.append(_Observation(now_s, measured_s, predicted_s))
             self._measured_s += measured_s
