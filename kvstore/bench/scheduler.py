@@ -173,7 +173,10 @@ def exit_status(rows: list[Row]) -> int:
     run overloads prefix-rr, or a policy the targets compare did not run
     (`scheduler_targets`). A `--matrix` run fails where cache-aware-predictive loses a
     cell (`scheduler_matrix`), an `--overload` run where prediction does worse than the
-    current load (`scheduler_overload`). `--no-targets` for exploration."""
+    current load (`scheduler_overload`), a `--live` one where its live targets are missed
+    (`scheduler_live`). `--no-targets` for exploration."""
+    if scheduler_live.is_live(rows):
+        return scheduler_live.exit_status(rows)
     if scheduler_overload.is_overload(rows):
         return scheduler_overload.exit_status(rows)
     if scheduler_matrix.is_matrix(rows):

@@ -44,6 +44,7 @@ from typing import Any, NamedTuple
 import aiohttp
 import numpy as np
 
+from kvstore.bench import verdict
 from kvstore.bench.options import SuiteArgs
 from kvstore.bench.report import Row, progress_bar
 from kvstore.bench.suites import SuiteOptions
@@ -55,7 +56,7 @@ from kvstore.conductor.front.server import ConductorServer
 from kvstore.conductor.sim.outcome import RequestOutcome, summarize
 from kvstore.conductor.sim.simulator import TraceRequest
 
-POLICIES = ("round-robin", "cache-aware", "cache-aware-predictive")
+POLICIES = ("round-robin", "cache-aware", "cache-aware-reject", "cache-aware-predictive")
 ROLES = ("prefill", "prefill", "decode")
 TRACE_BLOCK_TOKENS = 512
 OUTPUT_SCALE = 8
@@ -282,3 +283,39 @@ def _prediction_error(outcomes: Sequence[CompletionOutcome]) -> dict[str, float]
         "ttft_pred_rel_err_p50": float(np.percentile(err / measured, 50)),
         "ttft_pred_bias_s": float(np.mean(predicted - measured)),
     }
+
+
+COMPARED = ("round-robin", "cache-aware-reject", "cache-aware-predictive")
+OURS = "cache-aware-predictive"
+MIN_ACCEPTED_ATTAINMENT = 0.95  # of the requests it admits, over the whole run
+MAX_PREDICTION_ERROR = 0.2  # median |predicted - measured| TTFT over the measured
+
+
+def is_live(rows: Sequence[Row]) -> bool:
+    """Whether `rows` are a `--live` run's."""
+    return bool(rows) and all("live_model" in r for r in rows)
+
+
+def failures(rows: Sequence[Row]) -> list[str]:
+    """The live targets missed or unmeasured: a policy of `COMPARED` that did not run;
+    cache-aware-predictive meeting both objectives on fewer than 95% of the requests it
+    admitted, or predicting TTFT off by 20% of the measured or more at the median."""
+    by = {str(r["policy"]): r for r in rows}
+    out = [f"unmeasured: no row of {p}" for p in COMPARED if p not in by]
+    if OURS not in by:
+        return out
+    ours = by[OURS]
+    attainment = float(ours["accepted_slo_attainment"])  # type: ignore[arg-type]
+    error = float(ours["ttft_pred_rel_err_p50"])  # type: ignore[arg-type]
+    if not attainment >= MIN_ACCEPTED_ATTAINMENT:
+        out.append(f"{OURS}: accepted attainment {attainment:.3f} < {MIN_ACCEPTED_ATTAINMENT}")
+    if math.isnan(error):
+        out.append(f"unmeasured: {OURS} served nothing whose TTFT it predicted")
+    elif error >= MAX_PREDICTION_ERROR:
+        out.append(f"{OURS}: TTFT prediction error {error:.3f} of the measured >= 0.2")
+    return out
+
+
+def exit_status(rows: Sequence[Row]) -> int:
+    """1 when a live target is missed or unmeasured (listed on stderr), else 0."""
+    return verdict.exit_status(failures(rows))

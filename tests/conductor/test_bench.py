@@ -3,6 +3,7 @@ prefixes stay shared token prefixes, lengths scale, and each run draws its own t
 
 from __future__ import annotations
 
+from kvstore.bench import scheduler_live as live
 from kvstore.bench.scheduler_live import MAX_OUTPUT_TOKENS, OUTPUT_SCALE, scale_trace
 from kvstore.conductor.sim.simulator import TraceRequest
 
@@ -28,3 +29,24 @@ def test_each_run_draws_its_own_tokens_deterministically():
     other = scale_trace(TRACE, 16, 512, 1, 1.0)
     assert first == again
     assert first[0].prompt != other[0].prompt
+
+
+def _live_row(policy: str, attainment: float = 0.97, error: float = 0.1) -> dict:
+    return {
+        "policy": policy,
+        "accepted_slo_attainment": attainment,
+        "ttft_pred_rel_err_p50": error,
+        "live_model": "tiny",
+    }
+
+
+def test_live_targets_fail_when_missed_or_unmeasured():
+    rows = [_live_row(p) for p in live.COMPARED]
+    assert live.is_live(rows) and live.failures(rows) == [] and live.exit_status(rows) == 0
+    assert live.failures(rows[1:]) == ["unmeasured: no row of round-robin"]
+    missed = [*rows[:2], _live_row(live.OURS, attainment=0.9, error=0.25)]
+    assert len(live.failures(missed)) == 2 and live.exit_status(missed) == 1
+    unmeasured = [*rows[:2], _live_row(live.OURS, error=float("nan"))]
+    assert live.failures(unmeasured) == [
+        "unmeasured: cache-aware-predictive served nothing whose TTFT it predicted"
+    ]
