@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,7 @@ from kvstore.bench import scheduler_matrix as matrix
 from kvstore.bench.__main__ import main
 from kvstore.bench.scheduler_targets import OVERLOAD_ATTAINMENT
 from tests.conductor.test_scheduler_cost_model import UNIT
-from tests.conductor.test_scheduler_simulator import _trace
+from tests.conductor.test_scheduler_simulator import _trace, write_trace
 
 
 def _cell(speedup: float, policy: str, goodput: float, wasted: int = 0, std: float = 0.1) -> dict:
@@ -90,17 +89,7 @@ def test_where_decode_binds_prediction_must_beat_the_current_batch() -> None:
 
 @pytest.fixture
 def small(tmp_path: Path) -> tuple[dict[str, object], list[matrix.TraceSpec]]:
-    trace = tmp_path / "t.jsonl"
-    lines = [
-        {
-            "timestamp": r.timestamp_ms,
-            "input_length": r.input_len,
-            "output_length": r.output_len,
-            "hash_ids": list(r.hash_ids),
-        }
-        for r in _trace(120)
-    ]
-    trace.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    trace = write_trace(tmp_path / "t.jsonl", _trace(120))
     profile = tmp_path / "unit.json"
     UNIT.save(profile)
     settings = {"trace": trace, "ttft_slo_s": 2.0, "tbt_slo_ms": 50.0, "profile": str(profile)}

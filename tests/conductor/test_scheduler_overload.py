@@ -12,7 +12,7 @@ from kvstore.bench import scheduler_overload as overload
 from kvstore.bench.__main__ import main
 from kvstore.conductor.sim.simulator import LoadSample, TraceRequest
 from tests.conductor.test_scheduler_cost_model import UNIT
-from tests.conductor.test_scheduler_simulator import _trace
+from tests.conductor.test_scheduler_simulator import _trace, write_trace
 
 
 def test_the_speedup_gives_the_papers_arrival_rate() -> None:
@@ -57,17 +57,7 @@ def test_prediction_must_not_do_worse_than_the_current_load() -> None:
 
 
 def test_cli_runs_the_three_admissions_at_both_shapes(tmp_path: Path) -> None:
-    trace = tmp_path / "t.jsonl"
-    lines = [
-        {
-            "timestamp": r.timestamp_ms,
-            "input_length": r.input_len,
-            "output_length": r.output_len,
-            "hash_ids": list(r.hash_ids),
-        }
-        for r in _trace(80)
-    ]
-    trace.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    trace = write_trace(tmp_path / "t.jsonl", _trace(80))
     profile = tmp_path / "unit.json"
     UNIT.save(profile)
     out, png = tmp_path / "rows.json", tmp_path / "overload.png"

@@ -41,6 +41,21 @@ def _trace(n: int, seed: int = 3) -> list[TraceRequest]:
     return out
 
 
+def write_trace(path: Path, requests: list[TraceRequest], input_scale: int = 1) -> Path:
+    """`requests` as a Mooncake-format file at `path`, prompts `input_scale` times longer."""
+    lines = [
+        {
+            "timestamp": r.timestamp_ms,
+            "input_length": r.input_len * input_scale,
+            "output_length": r.output_len,
+            "hash_ids": list(r.hash_ids),
+        }
+        for r in requests
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
 def test_one_request_alone_is_timed_exactly() -> None:
     cost = CostModel(UNIT)
     trace = [TraceRequest(0, 10, 5, (1, 2, 3))]
@@ -80,17 +95,7 @@ def test_rejecting_policies_reject_under_overload() -> None:
 
 
 def test_cli_writes_the_rows(tmp_path: Path) -> None:
-    trace = tmp_path / "t.jsonl"
-    lines = [
-        {
-            "timestamp": r.timestamp_ms,
-            "input_length": r.input_len * 128,
-            "output_length": r.output_len,
-            "hash_ids": list(r.hash_ids),
-        }
-        for r in _trace(60)
-    ]
-    trace.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    trace = write_trace(tmp_path / "t.jsonl", _trace(60), input_scale=128)
     out = tmp_path / "rows.json"
     argv = [
         "scheduler",
