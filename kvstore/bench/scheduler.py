@@ -24,7 +24,13 @@ from kvstore.bench.scheduler_decisions import decisions_changed
 from kvstore.bench.suites import SuiteOptions
 from kvstore.bench.trace_file import DEFAULT_TRACE, REAL_TRACE, load_trace
 from kvstore.conductor import PROFILES, SCHEDULING_POLICIES, SLO, resolve_profile
-from kvstore.conductor.sim.simulator import SimConfig, SimResult, TraceRequest, simulate
+from kvstore.conductor.sim.simulator import (
+    DECODE_ADMISSIONS,
+    SimConfig,
+    SimResult,
+    TraceRequest,
+    simulate,
+)
 
 SWEEP = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0)
 QUICK_SWEEP = (1.0, 3.0)
@@ -43,6 +49,7 @@ DEFAULTS: Mapping[str, object] = {
     "profile": "datacenter",
     "policy": "all",
     "seed": 0,
+    "decode_admission": "refuse",
 }
 # The decode-load plot draws these against each other at one overloaded speedup.
 PLOT_POLICIES = ("prefix-rr", "cache-aware", "cache-aware-reject", "cache-aware-predictive")
@@ -64,7 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--matrix",
         action="store_true",
-        help="the conductor vs the best anchors over 3 traces x 2 shapes x 3 overloaded speedups",
+        help="the conductor vs the best anchors over 4 traces x 3 shapes x 3 overloaded speedups",
     )
     add(
         "--overload",
@@ -77,6 +84,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--profile", default=DEFAULTS["profile"], help=f"{sorted(PROFILES)} or a JSON file")
     add("--policy", default="all", choices=["all", *SCHEDULING_POLICIES], help="policy or all")
     add("--seed", type=int, default=DEFAULTS["seed"], help="seeds the policies' random choices")
+    add(
+        "--decode-admission",
+        default=DEFAULTS["decode_admission"],
+        choices=DECODE_ADMISSIONS,
+        help="a decode instance that cannot take a request's KV on arrival refuses it "
+        "(Mooncake) or queues it (an engine's waiting queue)",
+    )
     scheduler_live.add_arguments(parser)
 
 
@@ -106,7 +120,15 @@ def _config(s: Mapping[str, object], speedup: float) -> SimConfig:
     try:
         profile = resolve_profile(str(s["profile"]))
         slo = SLO(float(s["ttft_slo_s"]), float(s["tbt_slo_ms"]) / 1000)  # type: ignore[arg-type]
-        return SimConfig(int(s["prefill"]), int(s["decode"]), speedup, slo, profile, int(s["seed"]))  # type: ignore[call-overload]
+        return SimConfig(
+            int(s["prefill"]),  # type: ignore[call-overload]
+            int(s["decode"]),  # type: ignore[call-overload]
+            speedup,
+            slo,
+            profile,
+            int(s["seed"]),  # type: ignore[call-overload]
+            decode_admission=str(s["decode_admission"]),
+        )
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
 
@@ -135,6 +157,7 @@ def _row(s: Mapping[str, object], policy: str, config: SimConfig, result: SimRes
         "tbt_slo_ms": config.slo.tbt_s * 1000,
         "profile": str(s["profile"]),
         "seed": config.seed,
+        "decode_admission": config.decode_admission,
         "trace": str(s["trace"]),
     }
 
@@ -152,9 +175,9 @@ def run(options: SuiteOptions) -> list[Row]:
         return scheduler_matrix.run_matrix(s, options.quick, int(s["workers"]))  # type: ignore[call-overload]
     requests = load_requests(Path(str(s["trace"])), QUICK_REQUESTS if options.quick else None)
     if s["overload"]:
-        keys = ("ttft_slo_s", "tbt_slo_ms", "profile", "seed", "trace")
-        extra = {k: s[k] if k in ("ttft_slo_s", "tbt_slo_ms", "seed") else str(s[k]) for k in keys}
-        return [{**r, **extra} for r in scheduler_overload.run(_config(s, 1.0), requests)]
+        settings = {k: s[k] for k in ("ttft_slo_s", "tbt_slo_ms", "seed")}  # for --plot
+        settings |= {"profile": str(s["profile"]), "trace": str(s["trace"])}
+        return [{**r, **settings} for r in scheduler_overload.run(_config(s, 1.0), requests)]
     if s.get("live"):  # real engines and the conductor instead of the simulator
         return scheduler_live.run(options, s, requests)
     policies = list(SCHEDULING_POLICIES) if s["policy"] == "all" else [str(s["policy"])]
@@ -201,7 +224,13 @@ def plot(rows: list[Row], path: Path) -> None:
         return
     if scheduler_matrix.is_matrix(rows):
         raise SystemExit("--plot draws the speedup sweep; the matrix has its summary table")
-    s = {**DEFAULTS, **{k: first[k] for k in ("trace", "prefill", "decode", "profile", "seed")}}
+    s = {
+        **DEFAULTS,
+        **{
+            k: first[k]
+            for k in ("trace", "prefill", "decode", "profile", "seed", "decode_admission")
+        },
+    }
     s["ttft_slo_s"], s["tbt_slo_ms"] = first["ttft_slo_s"], first["tbt_slo_ms"]
     speedup = _overloaded_speedup(rows)
     requests = load_requests(Path(str(first["trace"])), int(first["requests"]))  # type: ignore[call-overload]

@@ -205,3 +205,15 @@ def test_every_instance_load_is_sampled() -> None:
     busy = CostModel(SMALL_DECODE).prefill_s(60) - 1.0
     assert at_1s.prefill[0] == pytest.approx(busy / 100.0)
     assert at_1s.decode == (0.0,)
+
+
+def test_cli_decode_admission_queue_refuses_nothing_after_prefill(tmp_path: Path) -> None:
+    trace = write_trace(tmp_path / "t.jsonl", _trace(60), input_scale=128)
+    out = tmp_path / "rows.json"
+    argv = ["scheduler", "--trace", str(trace), "--speedup", "8", "--decode", "1"]
+    argv += ["--policy", "round-robin", "--decode-admission", "queue", "--json", str(out)]
+    main([*argv, "--no-targets"])
+    (row,) = json.loads(out.read_text())
+    assert row["decode_admission"] == "queue" and row["rejected_late"] == 0
+    with pytest.raises(SystemExit):
+        main([*argv[:-2], "--decode-admission", "drop"])

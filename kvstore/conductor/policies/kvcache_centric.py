@@ -44,7 +44,7 @@ from kvstore.conductor.view import ClusterView, DecodeView
 
 
 class CacheAwarePolicy(SchedulingPolicy):
-    """Algorithm 1 without rejection; the base of the two admitting variants."""
+    """Algorithm 1 without rejection; the base of the three admitting variants."""
 
     name = "cache-aware"
     admits: ClassVar[bool] = False  # whether the TTFT test may reject
