@@ -29,9 +29,9 @@ measured, from published figures:
   with vLLM (65 ms): the bandwidth arithmetic misses what tensor parallelism costs a
   small step (an all-reduce per layer, kernel launches). Every decode term is scaled by
   the measured / derived ratio of the faster engine, 1.43. An engine's cap on sequences
-  per batch (vLLM's `max_num_seqs`, 256 on A100-class GPUs) is not modelled: on the
-  bundled traces a decode instance never holds that many (`kvstore-bench scheduler`
-  reports the load).
+  per batch (vLLM's `max_num_seqs`, 256 on A100-class GPUs) is not modelled: where decode
+  binds on the bundled traces, the TBT objective or the KV capacity holds a batch to about
+  100-170 sequences on average, so the cap can bind only at peaks.
 """
 
 from __future__ import annotations
