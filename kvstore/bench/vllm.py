@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from kvstore.bench import dataplane_peers as peers
-from kvstore.bench import vllm_phases, vllm_tpot
+from kvstore.bench import verdict, vllm_phases, vllm_targets, vllm_tpot
 from kvstore.bench.options import extra_of
 from kvstore.bench.report import Row, progress_bar
 from kvstore.bench.suites import SuiteOptions
@@ -244,6 +244,11 @@ def run(options: SuiteOptions) -> list[Row]:
         for w in wl
         for name, res in results.items()
     ]
+
+
+def exit_status(rows: list[Row]) -> int:
+    """1 where a target is missed or unmeasured (`kvstore.bench.vllm_targets`), else 0."""
+    return verdict.exit_status(vllm_targets.failures(rows))
 
 
 def _run_phases(model_dir: Path, model: str, doc_sizes: Sequence[int], workdir: Path) -> list[Row]:
