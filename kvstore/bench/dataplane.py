@@ -1,10 +1,12 @@
 """Suite `dataplane`: put and get throughput and latency, kvstore against its limits and peers.
 
-One run, one machine, every peer in its own process: memcpy (the limit), a raw TCP socket,
-raw ucxx (the transport limit; also restricted to TCP), kvstore over shared memory (what a
-client on the node's host uses), over UCX, over UCX restricted to TCP (`UCX_TLS=tcp`, as
-across hosts without RDMA), over its own TCP plane and over gRPC, Redis (redis-py pipeline,
-how LMCache's Redis backend moves KV) and Mooncake Store over TCP (the `peers` extra).
+One run, one machine, every peer in its own process: memcpy (the limit: one copy of every
+block, by as many threads as kvstore's shared-memory plane copies that batch with, the
+`copy_threads` column), a raw TCP socket, raw ucxx (the transport limit; also restricted to
+TCP), kvstore over shared memory (what a client on the node's host uses), over UCX, over UCX
+restricted to TCP (`UCX_TLS=tcp`, as across hosts without RDMA), over its own TCP plane and
+over gRPC, Redis (redis-py pipeline, how LMCache's Redis backend moves KV) and Mooncake Store
+over TCP (the `peers` extra).
 Each row times `reps` batches of `batch` blocks; the targets are ratios within the run, per
 block size: kvstore on the same host against memcpy (the limit of one copy) and Mooncake
 Store (the peer) and, over TCP, against a raw TCP socket.
@@ -296,6 +298,8 @@ RUNNERS: dict[str, Callable[[bool], dict]] = {
 def _row(system: str, cell: peers.Cell, times: list[float] | None, note: str = "") -> Row:
     op, size, batch = cell
     row: Row = {"system": system, "op": op, "block_bytes": size, "batch": batch}
+    if system in ("memcpy", "kvstore-shm"):  # the limit copies with kvstore's copy threads
+        row["copy_threads"] = peers.copy_threads(op, size * batch)
     if times:
         row |= {
             "gbps": size * batch * len(times) / sum(times) / 1e9,

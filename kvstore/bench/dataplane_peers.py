@@ -21,6 +21,8 @@ from typing import Any, cast
 import numpy as np
 
 from kvstore.checksum import checksum
+from kvstore.dataplane.shm.crew import MIN_SHARED_BYTES, Crew
+from kvstore.dataplane.shm.server import GET_SHARED_BYTES, get_helpers
 from kvstore.dataplane.ucx.runtime import configure_ucx_env
 
 Cell = tuple[str, int, int]  # op, block_bytes, batch
@@ -48,17 +50,36 @@ def _timed(fn: Callable[[], object], reps: int) -> list[float]:
 # -- memcpy ------------------------------------------------------------------------------
 
 
+def copy_threads(op: str, nbytes: int) -> int:
+    """How many threads kvstore's shared-memory plane copies a batch of `nbytes` with, on
+    this host: a put's with the node's crew (the caller and a helper per further core, from
+    `crew.MIN_SHARED_BYTES`), a get's with the helpers a get may take beside the client's
+    check (`shm.server.get_helpers`, from `GET_SHARED_BYTES`)."""
+    crew = Crew.for_host()
+    if op == "put":
+        helpers, least = crew.helpers, MIN_SHARED_BYTES
+    else:
+        helpers, least = min(crew.helpers, get_helpers(os.cpu_count() or 1)), GET_SHARED_BYTES
+    crew.shutdown()
+    return 1 + helpers if nbytes >= least else 1
+
+
 def drive_memcpy(cells: list[Cell], reps: int) -> dict[Cell, list[float]]:
+    """One copy of every block of a batch, by as many threads as kvstore copies it with
+    (`copy_threads`), so kvstore's copy is measured against a limit with the same threads."""
     out = {}
+    crew = Crew.for_host()
     for op, size, batch in cells:
         src = [np.ones(size, np.uint8) for _ in range(batch)]
         dst = [np.empty(size, np.uint8) for _ in range(batch)]
+        jobs = [functools.partial(np.copyto, d, s) for s, d in zip(src, dst, strict=True)]
+        helpers = copy_threads(op, size * batch) - 1
 
-        def copy(src: list[np.ndarray] = src, dst: list[np.ndarray] = dst) -> None:
-            for s, d in zip(src, dst, strict=True):
-                np.copyto(d, s)
+        def copy(jobs: Sequence[Callable[[], None]] = jobs, helpers: int = helpers) -> None:
+            crew.run(jobs, 0, least=0, most=helpers)
 
         out[op, size, batch] = _timed(copy, reps)
+    crew.shutdown()
     return out
 
 

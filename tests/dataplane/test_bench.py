@@ -3,6 +3,8 @@ same run, and the targets a size misses (from synthetic rows; the suite itself i
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from kvstore.bench import dataplane
@@ -173,3 +175,17 @@ def test_a_systems_rows_pool_the_times_of_every_round_that_ran():
     assert rows["put", MIB, 64]["gbps"] is None  # a cell no round timed
     failed = dataplane._rows_of("x", ["OSError: peer gone"])
     assert all(r["gbps"] is None and r["note"] == "OSError: peer gone" for r in failed)
+
+
+def test_the_memcpy_limit_copies_with_as_many_threads_as_kvstore_and_says_so():
+    cores = os.cpu_count() or 1
+    put_threads, get_threads = 1 + min(3, cores - 1), 1 + min(3, cores - 1, max(0, cores - 2))
+    assert peers.copy_threads("put", 64 * MIB) == put_threads  # the node's crew
+    assert peers.copy_threads("put", 64 << 10) == 1  # under a MiB: the caller alone
+    assert peers.copy_threads("get", 64 * MIB) == get_threads  # beside the client's check
+    assert peers.copy_threads("get", 4 * MIB) == 1
+    for system in ("memcpy", "kvstore-shm"):  # the limit and what it limits, side by side
+        assert dataplane._row(system, ("put", MIB, 64), [0.01])["copy_threads"] == put_threads
+    assert "copy_threads" not in dataplane._row("mooncake", ("put", MIB, 64), [0.01])
+    (times,) = peers.drive_memcpy([("put", MIB, 64)], 3).values()
+    assert len(times) >= 3 and all(t > 0 for t in times)
