@@ -5,11 +5,13 @@ block, by as many threads as kvstore's shared-memory plane copies that batch wit
 `copy_threads` column), a raw TCP socket, raw ucxx (the transport limit; also restricted to
 TCP), kvstore over shared memory (what a client on the node's host uses), over UCX, over UCX
 restricted to TCP (`UCX_TLS=tcp`, as across hosts without RDMA), over its own TCP plane and
-over gRPC, Redis (redis-py pipeline, how LMCache's Redis backend moves KV) and Mooncake Store
-over TCP (the `peers` extra).
+over gRPC, Redis (redis-py pipeline, how LMCache's Redis backend moves KV), and Mooncake
+Store (the `peers` extra) over TCP and through its real client's shared memory.
 Each row times `reps` batches of `batch` blocks; the targets are ratios within the run, per
-block size: kvstore on the same host against memcpy (the limit of one copy) and Mooncake
-Store (the peer) and, over TCP, against a raw TCP socket.
+block size, stated first like for like (the same transport and placement of buffers:
+kvstore's shm plane against Mooncake Store's dummy client on its real client's shared
+memory, kvstore's TCP plane against Mooncake's TCP transport), then against the limits
+(memcpy, a raw TCP socket); `dataplane_ratios` says what each ratio compares.
 
 Two more rows measure what those limits leave once the checks kvstore must make are made,
 with nothing else (no store, no protocol): `shm-ceiling` (`dataplane_ceilings`: a copy into
@@ -38,7 +40,7 @@ import numpy as np
 from kvstore.bench import dataplane_ceilings as ceilings
 from kvstore.bench import dataplane_peers as peers
 from kvstore.bench import verdict
-from kvstore.bench.dataplane_ratios import BLOCK_BYTES, failures, median_ratios, ratios
+from kvstore.bench.dataplane_ratios import BLOCK_BYTES, failures, legend, median_ratios, ratios
 from kvstore.bench.options import extra_of
 from kvstore.bench.report import Row, print_table, progress_bar
 from kvstore.bench.suites import SuiteOptions
@@ -48,7 +50,7 @@ OPS = ("put", "get")
 SYSTEMS = (
     "memcpy", "crc32c", "shm-ceiling", "tcp-socket", "tcp-socket-crc32c", "ucxx-raw",
     "ucxx-raw-tcp", "kvstore-shm", "kvstore-ucx", "kvstore-ucx-tcp", "kvstore-tcp", "kvstore-grpc",
-    "redis", "mooncake",
+    "redis", "mooncake", "mooncake-shm",
 )  # fmt: skip
 # UCX over TCP, tuned: bigger segments and more rendezvous lanes than the defaults.
 UCX_TCP_ENV = {"UCX_TLS": "tcp", "UCX_TCP_TX_SEG_SIZE": "512k", "UCX_TCP_RX_SEG_SIZE": "512k"}
@@ -241,36 +243,65 @@ def _wait_port(port: int, timeout_s: float = 30.0) -> None:
             time.sleep(0.05)
 
 
-def _run_mooncake(quick: bool) -> dict:
+@contextlib.contextmanager
+def _mooncake_master() -> Iterator[tuple[str, str]]:
+    """A Mooncake master with its HTTP metadata server; yields both addresses."""
     if (missing := peers.mooncake_missing()) is not None:
         raise RuntimeError(missing)
-    binary = peers.mooncake_master()
     rpc, http = _free_port(), _free_port()
     cmd = [
-        binary, f"--rpc_port={rpc}", "--enable_http_metadata_server=true",
+        peers.mooncake_master(), f"--rpc_port={rpc}", "--enable_http_metadata_server=true",
         f"--http_metadata_server_port={http}", "--http_metadata_server_host=127.0.0.1",
         f"--metrics_port={_free_port()}",
     ]  # fmt: skip
     master = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    store = None
     try:
         _wait_port(rpc)
         _wait_port(http)
-        args = (f"127.0.0.1:{rpc}", f"http://127.0.0.1:{http}/metadata")
+        yield f"127.0.0.1:{rpc}", f"http://127.0.0.1:{http}/metadata"
+    finally:
+        master.kill()
+
+
+def _run_mooncake(quick: bool) -> dict:
+    with _mooncake_master() as args:
         ready = mp.get_context("spawn").Queue()
         store = _spawn(peers.serve_mooncake, *args, ready)
-        ready.get(timeout=60)
-        reps = {c: _reps(c[1], c[2], quick) for c in _cells()}
-        return _drive(_mooncake_cells, *args, reps)
-    finally:
-        if store is not None:
+        try:
+            ready.get(timeout=60)
+            reps = {c: _reps(c[1], c[2], quick) for c in _cells()}
+            return _drive(_mooncake_cells, *args, reps)
+        finally:
             store.kill()
-        master.kill()
 
 
 def _mooncake_cells(master: str, metadata: str, reps: dict) -> dict:
     cells = list(reps)
     times = peers.drive_mooncake(master, metadata, cells, max(reps.values()))
+    return {c: times[c][: reps[c]] for c in cells}
+
+
+def _run_mooncake_shm(quick: bool) -> dict:
+    with _mooncake_master() as (master, metadata):
+        port = _free_port()
+        cmd = [
+            peers.mooncake_client(), "--host=127.0.0.1", f"--port={port}",
+            "--global_segment_size=3GB", f"--master_server_address={master}",
+            f"--metadata_server={metadata}", "--protocol=tcp",
+            f"--threads={os.cpu_count() or 1}",
+        ]  # fmt: skip
+        real = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            _wait_port(port)
+            reps = {c: _reps(c[1], c[2], quick) for c in _cells()}
+            return _drive(_mooncake_shm_cells, f"127.0.0.1:{port}", reps)
+        finally:
+            real.kill()
+
+
+def _mooncake_shm_cells(real_client: str, reps: dict) -> dict:
+    cells = list(reps)
+    times = peers.drive_mooncake_shm(real_client, cells, max(reps.values()))
     return {c: times[c][: reps[c]] for c in cells}
 
 
@@ -289,6 +320,7 @@ RUNNERS: dict[str, Callable[[bool], dict]] = {
     "kvstore-grpc": lambda q: _run_kvstore(q, "grpc", {}),
     "redis": _run_redis,
     "mooncake": _run_mooncake,
+    "mooncake-shm": _run_mooncake_shm,
 }
 
 
@@ -387,5 +419,6 @@ def run(options: SuiteOptions) -> list[Row]:
         for r in range(num_rounds)
     ]
     title = f"dataplane, batches of 64: ratios within this run (median of {num_rounds} rounds)"
+    print_table(legend(), title="dataplane: what each ratio compares, and its target")
     print_table(median_ratios(rounds), title=title)
     return [row for system in systems for row in _rows_of(system, runs[system])]

@@ -8,6 +8,7 @@ cell and returns per-batch seconds; the suite turns those into rows.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import functools
 import os
 import shutil
@@ -362,14 +363,38 @@ def serve_mooncake(master: str, metadata: str, ready: Any) -> None:
 def drive_mooncake(
     master: str, metadata: str, cells: list[Cell], reps: int
 ) -> dict[Cell, list[float]]:
-    """Mooncake Store over TCP: batch_get_into / batch_put_from registered buffers."""
+    """Mooncake Store over TCP: batch_get_into / batch_put_from a buffer of this process,
+    registered with the store's transfer engine."""
     store = mooncake_store(master, metadata, 16 << 20)
+    region = np.ones(max(size * batch for _, size, batch in cells), np.uint8)
+    return _time_mooncake(store, region.ctypes.data, cells, reps)
+
+
+def drive_mooncake_shm(real_client: str, cells: list[Cell], reps: int) -> dict[Cell, list[float]]:
+    """Mooncake Store on one host at its own best: a dummy client (`setup_dummy`) whose
+    buffer is allocated from its shared-memory pool (`alloc_from_mem_pool`), which the
+    resource-owning real client (`mooncake_client`, holding the segment) maps, so a block is
+    copied once between the pool and the segment (its `MC_STORE_MEMCPY`, on by default
+    over TCP), as its own dummy-client tests do."""
+    from mooncake.store import MooncakeDistributedStore
+
+    nbytes = max(size * batch for _, size, batch in cells)
+    store = MooncakeDistributedStore()
+    rc = store.setup_dummy(nbytes + (64 << 20), 512 << 20, real_client)
+    if rc != 0:
+        raise RuntimeError(f"MooncakeDistributedStore.setup_dummy returned {rc}")
+    base = store.alloc_from_mem_pool(nbytes)
+    ctypes.memset(base, 1, nbytes)
+    return _time_mooncake(store, base, cells, reps)
+
+
+def _time_mooncake(store: Any, base: int, cells: list[Cell], reps: int) -> dict[Cell, list[float]]:
+    """Every cell's batch_put_from / batch_get_into of blocks laid out from `base`."""
+    store.register_buffer(base, max(size * batch for _, size, batch in cells))
     out = {}
     seeds = iter(range(1 << 30))
     for op, size, batch in cells:
-        pool = np.ones(size * batch, np.uint8)
-        store.register_buffer(pool.ctypes.data, pool.nbytes)
-        ptrs = [pool.ctypes.data + i * size for i in range(batch)]
+        ptrs = [base + i * size for i in range(batch)]
         sizes = [size] * batch
         names = [f"blk:{size}:{i}" for i in range(batch)]
 
@@ -393,7 +418,7 @@ def drive_mooncake(
         out[op, size, batch] = _timed(put if op == "put" else get, reps)
         for n in names if op == "get" else ():
             store.remove(n)
-        store.unregister_buffer(pool.ctypes.data)
+    store.unregister_buffer(base)
     return out
 
 
@@ -410,11 +435,21 @@ def mooncake_missing() -> str | None:
     debs = [deb for lib, deb in MOONCAKE_LIBS.items() if ctypes.util.find_library(lib) is None]
     if debs:
         return f"Mooncake Store needs Debian's {' '.join(debs)}: apt-get install {' '.join(debs)}"
-    if not os.path.exists(mooncake_master()):
-        return "Mooncake Store needs mooncake_master: pip install 'kvstore[peers]'"
+    for binary in (mooncake_master(), mooncake_client()):
+        if not os.path.exists(binary):
+            return f"Mooncake Store needs {os.path.basename(binary)}: pip install 'kvstore[peers]'"
     return None
 
 
 def mooncake_master() -> str:
-    beside = os.path.join(os.path.dirname(sys.executable), "mooncake_master")
-    return shutil.which("mooncake_master") or beside
+    return _mooncake_binary("mooncake_master")
+
+
+def mooncake_client() -> str:
+    """Mooncake Store's resource-owning real client, which dummy clients on its host use."""
+    return _mooncake_binary("mooncake_client")
+
+
+def _mooncake_binary(name: str) -> str:
+    beside = os.path.join(os.path.dirname(sys.executable), name)
+    return shutil.which(name) or beside

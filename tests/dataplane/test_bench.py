@@ -4,6 +4,7 @@ same run, and the targets a size misses (from synthetic rows; the suite itself i
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -34,28 +35,67 @@ def test_ratios_and_missed_targets_per_block_size():
         ("kvstore-ucx", "put"): 2.0,
         ("memcpy", "put"): 10.0,
         ("memcpy", "get"): 10.0,
-        ("mooncake", "put"): 2.0,
-        ("mooncake", "get"): 10.0,
+        ("mooncake-shm", "put"): 2.0,
+        ("mooncake-shm", "get"): 10.0,
+        ("mooncake", "put"): 2.5,
+        ("mooncake", "get"): 1.0,
         ("kvstore-ucx-tcp", "get"): 1.8,
+        ("kvstore-tcp", "put"): 2.0,
         ("kvstore-tcp", "get"): 1.6,
         ("tcp-socket", "get"): 2.0,
     }
     (row,) = ratios.ratios(_rows(gbps, MIB))[2:3]
     assert row["block_bytes"] == MIB
     assert row["put/memcpy"] == pytest.approx(0.3) and row["get/memcpy"] == pytest.approx(0.9)
-    assert row["put/mooncake"] == pytest.approx(1.5) and row["get/mooncake"] == pytest.approx(0.9)
+    assert row["shm put/mooncake-shm"] == pytest.approx(1.5)
+    assert row["shm get/mooncake-shm"] == pytest.approx(0.9)
+    assert row["tcp put/mooncake"] == pytest.approx(0.8)  # like for like, both over TCP
+    assert row["tcp get/mooncake"] == pytest.approx(1.6)
+    assert row["put/mooncake best"] == pytest.approx(3.0 / 2.5)  # Mooncake's faster path
+    assert row["get/mooncake best"] == pytest.approx(0.9)
     assert row["ucx-tcp get/tcp-socket"] == pytest.approx(0.9)
     assert row["tcp get/tcp-socket"] == pytest.approx(0.8)
     assert row["ucx_put_gbps"] == 2.0  # the UCX plane's figure beside the same-host one's
     assert row["ucx put/raw-ucxx"] is None  # not measured, and no target: no verdict
-    assert row["missed"] == "put/memcpy<0.6 get/mooncake<1 tcp get/tcp-socket<0.9"
+    assert row["missed"] == (
+        "shm get/mooncake-shm<1 tcp put/mooncake<1 put/memcpy<0.6 tcp get/tcp-socket<0.9"
+    )
     assert ratios.failures([row]) == [f"{MIB} B: {row['missed']}"]
+
+
+def test_every_ratio_says_what_it_compares_like_for_like_first():
+    legend = ratios.legend()
+    kinds = [r["compares"] for r in legend]
+    assert kinds[:4] == [ratios.LIKE] * 4 and set(kinds) == {
+        ratios.LIKE,
+        ratios.BEST,
+        ratios.LIMIT,
+        ratios.CEILING,
+    }
+    assert [r["ratio"] for r in legend] == [r.column for r in ratios.RATIOS]
+    by_name = {r["ratio"]: r for r in legend}
+    assert by_name["tcp put/mooncake"]["target"] == ">= 1 from 64 KiB"
+    assert by_name["put/memcpy"]["target"] == ">= 0.6 from 1 MiB"
+    assert by_name["put/mooncake best"]["target"] == "-"  # reported beside, never judged
+    like = {r.column: (r.num, r.den) for r in ratios.RATIOS if r.kind == ratios.LIKE}
+    assert like == {  # one transport on both sides of each
+        "shm put/mooncake-shm": ("kvstore-shm", ("mooncake-shm",)),
+        "shm get/mooncake-shm": ("kvstore-shm", ("mooncake-shm",)),
+        "tcp put/mooncake": ("kvstore-tcp", ("mooncake",)),
+        "tcp get/mooncake": ("kvstore-tcp", ("mooncake",)),
+    }
 
 
 def test_memcpy_targets_start_at_1_mib():
     gbps = {("kvstore-shm", "put"): 1.0, ("memcpy", "put"): 10.0}
     small = ratios.ratio_row(_rows(gbps, 256 << 10), 256 << 10)
     assert small["put/memcpy"] == pytest.approx(0.1) and "memcpy" not in small["missed"]
+
+
+def test_a_best_path_needs_every_path_of_the_peer():
+    gbps = {("kvstore-shm", "put"): 3.0, ("mooncake-shm", "put"): 2.0}  # no TCP row
+    row = ratios.ratio_row(_rows(gbps, MIB), MIB)
+    assert row["put/mooncake best"] is None and row["shm put/mooncake-shm"] == 1.5
 
 
 def test_a_missing_mooncake_piece_is_named_with_what_to_install(monkeypatch):
@@ -72,6 +112,12 @@ def test_a_missing_mooncake_piece_is_named_with_what_to_install(monkeypatch):
     assert peers.mooncake_missing() == (
         "Mooncake Store needs Debian's libibverbs1 librdmacm1: "
         "apt-get install libibverbs1 librdmacm1"
+    )
+    monkeypatch.setattr(ctypes.util, "find_library", lambda n: n)
+    there = {"mooncake_master": sys.executable}  # the real client, for same-host runs, is not
+    monkeypatch.setattr(peers, "_mooncake_binary", lambda name: there.get(name, f"/no/{name}"))
+    assert peers.mooncake_missing() == (
+        "Mooncake Store needs mooncake_client: pip install 'kvstore[peers]'"
     )
 
 
@@ -90,8 +136,9 @@ def test_ratios_to_the_ceilings_say_what_the_checks_leave():
     assert row["ucx-tcp get/tcp-crc32c"] == pytest.approx(1.5 / 1.6)
     assert row["tcp-crc32c get/tcp"] == pytest.approx(0.8)
     assert row["missed"] == (  # the targets stand; those of systems not run are unmeasured
-        "put/memcpy unmeasured put/mooncake unmeasured get/memcpy<0.8 get/mooncake unmeasured "
-        "ucx-tcp get/tcp-socket<0.9 tcp get/tcp-socket unmeasured"
+        "shm put/mooncake-shm unmeasured shm get/mooncake-shm unmeasured "
+        "tcp put/mooncake unmeasured tcp get/mooncake unmeasured put/memcpy unmeasured "
+        "get/memcpy<0.8 ucx-tcp get/tcp-socket<0.9 tcp get/tcp-socket unmeasured"
     )
 
 
@@ -152,17 +199,16 @@ def test_over_rounds_each_ratio_is_the_median_of_its_rounds_and_judged_on_it():
 
 
 def test_the_suite_fails_where_a_target_is_missed_or_could_not_be_measured():
+    peers_and_planes = ("kvstore-shm", "memcpy", "mooncake", "mooncake-shm", "kvstore-ucx-tcp")
     measured = {
-        (system, op): 10.0
-        for system in ("kvstore-shm", "memcpy", "mooncake", "kvstore-ucx-tcp", "kvstore-tcp")
-        for op in ("put", "get")
+        (system, op): 10.0 for system in (*peers_and_planes, "kvstore-tcp") for op in ("put", "get")
     } | {("tcp-socket", "get"): 10.0}
     rows = [row for size in dataplane.BLOCK_BYTES for row in _rows(measured, size)]
     assert dataplane.exit_status(rows) == 0  # every target met
-    no_peer = [r for r in rows if r["system"] != "mooncake"]  # the peer did not start
+    no_peer = [r for r in rows if r["system"] != "mooncake-shm"]  # the peer did not start
     assert dataplane.exit_status(no_peer) == 1
     assert ratios.failures(ratios.ratios(no_peer))[0] == (
-        f"{256 << 10} B: put/mooncake unmeasured get/mooncake unmeasured"
+        f"{256 << 10} B: shm put/mooncake-shm unmeasured shm get/mooncake-shm unmeasured"
     )
 
 
