@@ -31,7 +31,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
@@ -39,8 +38,9 @@ import numpy as np
 
 from kvstore.bench import dataplane_ceilings as ceilings
 from kvstore.bench import dataplane_peers as peers
-from kvstore.bench import verdict
+from kvstore.bench import hosts, verdict
 from kvstore.bench.dataplane_ratios import BLOCK_BYTES, failures, legend, median_ratios, ratios
+from kvstore.bench.hosts import ONE_HOST, Hosts
 from kvstore.bench.options import extra_of
 from kvstore.bench.report import Row, print_table, progress_bar
 from kvstore.bench.suites import SuiteOptions
@@ -87,17 +87,32 @@ def _env(extra: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def _spawn(target: Callable[..., Any], *args: Any, env: dict[str, str] | None = None) -> Any:
+def _spawn(
+    target: Callable[..., Any], *args: Any, env: dict[str, str] | None = None, ns: str | None = None
+) -> Any:
+    """A spawned process running `target(*args)` (in network namespace `ns`, if any)."""
     with _env(env or {}):
-        proc = mp.get_context("spawn").Process(target=target, args=args, daemon=True)
+        call = (ns, target, *args)
+        proc = mp.get_context("spawn").Process(target=hosts.call_in, args=call, daemon=True)
         proc.start()
     return proc
 
 
-def _drive(fn: Callable[..., Any], *args: Any, env: dict[str, str] | None = None) -> Any:
-    """Runs a driver in a fresh spawned process (its own UCX settings) and returns its result."""
+def _drive(
+    fn: Callable[..., Any], *args: Any, env: dict[str, str] | None = None, ns: str | None = None
+) -> Any:
+    """Runs a driver in a fresh spawned process (its own UCX settings; in network namespace
+    `ns`, if any) and returns its result."""
     with _env(env or {}), mp.get_context("spawn").Pool(1) as pool:
-        return pool.apply(fn, args)
+        return pool.apply(hosts.call_in, (ns, fn, *args))
+
+
+def _wait_port(where: Hosts, port: int) -> None:
+    """Until the node side listens on `port`, seen from the client side."""
+    if where.client_ns is None:
+        peers.wait_port(where.node_addr, port)
+    else:
+        _drive(peers.wait_port, where.node_addr, port, ns=where.client_ns)
 
 
 def _times_by_cell(fn: Callable[[list[peers.Cell], int], Any], quick: bool) -> dict:
@@ -110,15 +125,15 @@ def _times_by_cell(fn: Callable[[list[peers.Cell], int], Any], quick: bool) -> d
 # -- systems -------------------------------------------------------------------------------
 
 
-def _run_memcpy(quick: bool) -> dict:
+def _run_memcpy(quick: bool, where: Hosts) -> dict:
     return _times_by_cell(lambda cells, reps: _drive(peers.drive_memcpy, cells, reps), quick)
 
 
-def _run_crc32c(quick: bool) -> dict:
+def _run_crc32c(quick: bool, where: Hosts) -> dict:
     return _times_by_cell(lambda cells, reps: _drive(peers.drive_crc32c, cells, reps), quick)
 
 
-def _run_shm_ceiling(quick: bool) -> dict:
+def _run_shm_ceiling(quick: bool, where: Hosts) -> dict:
     name_q = mp.get_context("spawn").Queue()
     node = _spawn(ceilings.serve_node, name_q)
     try:
@@ -128,18 +143,19 @@ def _run_shm_ceiling(quick: bool) -> dict:
         node.kill()
 
 
-def _run_tcp(quick: bool, summed: bool = False) -> dict:
+def _run_tcp(quick: bool, where: Hosts, summed: bool = False) -> dict:
     port_q = mp.get_context("spawn").Queue()
-    server = _spawn(peers.serve_tcp, port_q)
+    server = _spawn(peers.serve_tcp, port_q, where.node_addr, ns=where.node_ns)
     port = port_q.get(timeout=30)
     try:
         reps = {c: _reps(c[1], c[2], quick) for c in _cells()}
-        return _drive(_drive_cells, "tcp-crc32c" if summed else "tcp", port, reps)
+        kind = "tcp-crc32c" if summed else "tcp"
+        return _drive(_drive_cells, kind, (where.node_addr, port), reps, ns=where.client_ns)
     finally:
         server.kill()
 
 
-def _run_ucxx(quick: bool, env: dict[str, str]) -> dict:
+def _run_ucxx(quick: bool, where: Hosts, env: dict[str, str]) -> dict:
     addr_q = mp.get_context("spawn").Queue()
     server = _spawn(peers.serve_ucxx, addr_q, env=env)
     address = addr_q.get(timeout=60)
@@ -157,10 +173,10 @@ def _drive_cells(kind: str, target: Any, reps: dict) -> dict:
     return _per_cell_ucxx(target, reps)
 
 
-def _per_cell_tcp(port: int, reps: dict, summed: bool) -> dict:
+def _per_cell_tcp(address: tuple[str, int], reps: dict, summed: bool) -> dict:
     out = {}
     for cell, n in reps.items():
-        out.update(peers.drive_tcp(port, [cell], n, summed))
+        out.update(peers.drive_tcp(address, [cell], n, summed))
     return out
 
 
@@ -172,22 +188,30 @@ def _per_cell_ucxx(address: bytes, reps: dict) -> dict:
 
 
 @contextlib.contextmanager
-def _kvstore_server(env: dict[str, str], dataplane: str) -> Iterator[tuple[str, int]]:
-    """A kvstore node serving `dataplane`; yields its address and pid."""
+def _kvstore_server(
+    env: dict[str, str], dataplane: str, where: Hosts = ONE_HOST
+) -> Iterator[tuple[str, int]]:
+    """A kvstore node serving `dataplane` on the node side; yields its address and pid once
+    the client side sees it ready."""
     port = _free_port()
     cmd = [
         sys.executable, "-m", "kvstore.cli", "--log-level", "WARNING", "serve",
-        "--port", str(port), "--dram-bytes", "3GiB", "--slab-bytes", "16MiB",
-        "--max-message-bytes", "64MiB", "--dataplane", dataplane,
+        "--host", where.node_addr, "--port", str(port), "--dram-bytes", "3GiB",
+        "--slab-bytes", "16MiB", "--max-message-bytes", "64MiB", "--dataplane", dataplane,
     ]  # fmt: skip
+    if where.node_ns is not None:  # no auth, as its peers: no one but the client side sees it
+        cmd.append("--insecure")
     with _env(env):
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            where.node_command(cmd), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
     try:
-        from kvstore.client import Client
-
-        with Client(f"127.0.0.1:{port}") as client:
-            client.wait_ready(timeout_s=60)
-        yield f"127.0.0.1:{port}", proc.pid
+        address = f"{where.node_addr}:{port}"
+        if where.client_ns is None:
+            peers.wait_ready(address)
+        else:
+            _drive(peers.wait_ready, address, ns=where.client_ns)
+        yield address, proc.pid
     finally:
         proc.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -195,11 +219,11 @@ def _kvstore_server(env: dict[str, str], dataplane: str) -> Iterator[tuple[str, 
         proc.kill()
 
 
-def _run_kvstore(quick: bool, transport: str, env: dict[str, str]) -> dict:
+def _run_kvstore(quick: bool, where: Hosts, transport: str, env: dict[str, str]) -> dict:
     plane = transport if transport in ("shm", "ucx", "tcp") else "none"
-    with _kvstore_server(env, plane) as (address, _):
+    with _kvstore_server(env, plane, where) as (address, _):
         reps = {c: _reps(c[1], c[2], quick) for c in _cells()}
-        return _drive(_kvstore_cells, address, transport, reps, env=env)
+        return _drive(_kvstore_cells, address, transport, reps, env=env, ns=where.client_ns)
 
 
 def _kvstore_cells(address: str, transport: str, reps: dict) -> dict:
@@ -209,80 +233,76 @@ def _kvstore_cells(address: str, transport: str, reps: dict) -> dict:
     return out
 
 
-def _run_redis(quick: bool) -> dict:
+def _run_redis(quick: bool, where: Hosts) -> dict:
     binary = shutil.which("redis-server")
     if binary is None:
         raise RuntimeError("Redis needs redis-server: apt-get install redis-server")
     port = _free_port()
-    cmd = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cmd = [binary, "--port", str(port), "--bind", where.node_addr]
+    cmd += ["--save", "", "--appendonly", "no", "--protected-mode", "no"]
+    proc = subprocess.Popen(
+        where.node_command(cmd), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
-        _wait_port(port)
+        _wait_port(where, port)
         reps = {c: _reps(c[1], c[2], quick) for c in _cells()}
-        return _drive(_redis_cells, port, reps)
+        return _drive(_redis_cells, (where.node_addr, port), reps, ns=where.client_ns)
     finally:
         proc.kill()
 
 
-def _redis_cells(port: int, reps: dict) -> dict:
+def _redis_cells(address: tuple[str, int], reps: dict) -> dict:
     out = {}
     for cell, n in reps.items():
-        out.update(peers.drive_redis(port, [cell], n))
+        out.update(peers.drive_redis(address, [cell], n))
     return out
 
 
-def _wait_port(port: int, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-
-
 @contextlib.contextmanager
-def _mooncake_master() -> Iterator[tuple[str, str]]:
-    """A Mooncake master with its HTTP metadata server; yields both addresses."""
+def _mooncake_master(where: Hosts) -> Iterator[tuple[str, str]]:
+    """A Mooncake master with its HTTP metadata server on the node side; yields both
+    addresses."""
     if (missing := peers.mooncake_missing()) is not None:
         raise RuntimeError(missing)
     rpc, http = _free_port(), _free_port()
     cmd = [
         peers.mooncake_master(), f"--rpc_port={rpc}", "--enable_http_metadata_server=true",
-        f"--http_metadata_server_port={http}", "--http_metadata_server_host=127.0.0.1",
+        f"--http_metadata_server_port={http}", f"--http_metadata_server_host={where.node_addr}",
         f"--metrics_port={_free_port()}",
     ]  # fmt: skip
-    master = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    master = subprocess.Popen(
+        where.node_command(cmd), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
-        _wait_port(rpc)
-        _wait_port(http)
-        yield f"127.0.0.1:{rpc}", f"http://127.0.0.1:{http}/metadata"
+        _wait_port(where, rpc)
+        _wait_port(where, http)
+        yield f"{where.node_addr}:{rpc}", f"http://{where.node_addr}:{http}/metadata"
     finally:
         master.kill()
 
 
-def _run_mooncake(quick: bool) -> dict:
-    with _mooncake_master() as args:
+def _run_mooncake(quick: bool, where: Hosts) -> dict:
+    with _mooncake_master(where) as (master, metadata):
         ready = mp.get_context("spawn").Queue()
-        store = _spawn(peers.serve_mooncake, *args, ready)
+        serving = (master, metadata, ready, where.node_addr)
+        store = _spawn(peers.serve_mooncake, *serving, ns=where.node_ns)
         try:
             ready.get(timeout=60)
             reps = {c: _reps(c[1], c[2], quick) for c in _cells()}
-            return _drive(_mooncake_cells, *args, reps)
+            driving = (master, metadata, where.client_addr, reps)
+            return _drive(_mooncake_cells, *driving, ns=where.client_ns)
         finally:
             store.kill()
 
 
-def _mooncake_cells(master: str, metadata: str, reps: dict) -> dict:
+def _mooncake_cells(master: str, metadata: str, hostname: str, reps: dict) -> dict:
     cells = list(reps)
-    times = peers.drive_mooncake(master, metadata, cells, max(reps.values()))
+    times = peers.drive_mooncake(master, metadata, hostname, cells, max(reps.values()))
     return {c: times[c][: reps[c]] for c in cells}
 
 
-def _run_mooncake_shm(quick: bool) -> dict:
-    with _mooncake_master() as (master, metadata):
+def _run_mooncake_shm(quick: bool, where: Hosts) -> dict:
+    with _mooncake_master(where) as (master, metadata):
         port = _free_port()
         cmd = [
             peers.mooncake_client(), "--host=127.0.0.1", f"--port={port}",
@@ -292,7 +312,7 @@ def _run_mooncake_shm(quick: bool) -> dict:
         ]  # fmt: skip
         real = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            _wait_port(port)
+            _wait_port(where, port)
             reps = {c: _reps(c[1], c[2], quick) for c in _cells()}
             return _drive(_mooncake_shm_cells, f"127.0.0.1:{port}", reps)
         finally:
@@ -305,23 +325,32 @@ def _mooncake_shm_cells(real_client: str, reps: dict) -> dict:
     return {c: times[c][: reps[c]] for c in cells}
 
 
-RUNNERS: dict[str, Callable[[bool], dict]] = {
+RUNNERS: dict[str, Callable[[bool, Hosts], dict]] = {
     "memcpy": _run_memcpy,
     "crc32c": _run_crc32c,
     "shm-ceiling": _run_shm_ceiling,
     "tcp-socket": _run_tcp,
-    "tcp-socket-crc32c": lambda q: _run_tcp(q, summed=True),
-    "ucxx-raw": lambda q: _run_ucxx(q, {}),
-    "ucxx-raw-tcp": lambda q: _run_ucxx(q, UCX_TCP_ENV),
-    "kvstore-shm": lambda q: _run_kvstore(q, "shm", {}),
-    "kvstore-ucx": lambda q: _run_kvstore(q, "ucx", {}),
-    "kvstore-ucx-tcp": lambda q: _run_kvstore(q, "ucx", UCX_TCP_ENV),
-    "kvstore-tcp": lambda q: _run_kvstore(q, "tcp", {}),
-    "kvstore-grpc": lambda q: _run_kvstore(q, "grpc", {}),
+    "tcp-socket-crc32c": lambda q, w: _run_tcp(q, w, summed=True),
+    "ucxx-raw": lambda q, w: _run_ucxx(q, w, {}),
+    "ucxx-raw-tcp": lambda q, w: _run_ucxx(q, w, UCX_TCP_ENV),
+    "kvstore-shm": lambda q, w: _run_kvstore(q, w, "shm", {}),
+    "kvstore-ucx": lambda q, w: _run_kvstore(q, w, "ucx", {}),
+    "kvstore-ucx-tcp": lambda q, w: _run_kvstore(q, w, "ucx", UCX_TCP_ENV),
+    "kvstore-tcp": lambda q, w: _run_kvstore(q, w, "tcp", {}),
+    "kvstore-grpc": lambda q, w: _run_kvstore(q, w, "grpc", {}),
     "redis": _run_redis,
     "mooncake": _run_mooncake,
     "mooncake-shm": _run_mooncake_shm,
 }
+# Across two hosts (`--hosts netns`): the systems that move bytes over a network stack.
+NETNS_SYSTEMS = (
+    "tcp-socket",
+    "tcp-socket-crc32c",
+    "kvstore-ucx-tcp",
+    "kvstore-tcp",
+    "redis",
+    "mooncake",
+)
 
 
 # -- rows ----------------------------------------------------------------------------------
@@ -345,23 +374,25 @@ def _row(system: str, cell: peers.Cell, times: list[float] | None, note: str = "
     return row
 
 
-def _times_of(system: str, quick: bool) -> dict | str:
+def _times_of(system: str, quick: bool, where: Hosts = ONE_HOST) -> dict | str:
     """Every cell's times of one system, or why it could not run."""
     try:
-        return RUNNERS[system](quick)
+        return RUNNERS[system](quick, where)
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"[:120]
 
 
-def _rows_of(system: str, runs: list[dict | str]) -> list[Row]:
-    """One row per cell, over the times of every run of `system` (a failed run adds none)."""
+def _rows_of(system: str, runs: list[dict | str], where: Hosts = ONE_HOST) -> list[Row]:
+    """One row per cell, over the times of every run of `system` (a failed run adds none);
+    across hosts, each says so (`hosts`)."""
     timed = [run for run in runs if isinstance(run, dict)]
     if not timed:
         note = next((run for run in runs if isinstance(run, str)), "")
-        return [_row(system, cell, None, note) for cell in _cells()]
-    return [
-        _row(system, cell, [t for run in timed for t in run.get(cell, [])]) for cell in _cells()
-    ]
+        rows = [_row(system, cell, None, note) for cell in _cells()]
+    else:
+        times = [[t for run in timed for t in run.get(cell, [])] for cell in _cells()]
+        rows = [_row(system, cell, t) for cell, t in zip(_cells(), times, strict=True)]
+    return rows if where is ONE_HOST else [{"hosts": where.name, **row} for row in rows]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -373,6 +404,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "a ratio needs both of its systems",
     )
     parser.add_argument(
+        "--hosts",
+        choices=("one", "netns"),
+        default="one",
+        help="one: node and clients on this host, over loopback; netns: in two network "
+        "namespaces the bench creates, joined by a veth pair (root; the systems that cross a "
+        f"network: {','.join(NETNS_SYSTEMS)})",
+    )
+    parser.add_argument(
         "--rounds",
         type=int,
         default=1,
@@ -381,22 +420,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _systems(wanted: object) -> list[str]:
-    """The systems `--systems` names, in table order; every one of them without it."""
+def _systems(wanted: object, known: tuple[str, ...] = SYSTEMS) -> list[str]:
+    """The systems `--systems` names, in table order; every one `known` without it."""
     if not wanted:
-        return list(SYSTEMS)
+        return list(known)
     names = str(wanted).split(",")
-    unknown = sorted(set(names) - set(SYSTEMS))
+    unknown = sorted(set(names) - set(known))
     if unknown:
-        raise SystemExit(f"unknown systems {unknown}; known: {','.join(SYSTEMS)}")
-    return [s for s in SYSTEMS if s in names]
+        raise SystemExit(f"unknown systems {unknown} here; known: {','.join(known)}")
+    return [s for s in known if s in names]
+
+
+def _judged(rows: list[Row]) -> tuple[str, ...] | None:
+    """The systems whose ratios have targets here: across hosts, those that cross a
+    network; on one host, every one (None)."""
+    return NETNS_SYSTEMS if any(r.get("hosts") == "netns" for r in rows) else None
 
 
 def exit_status(rows: list[Row]) -> int:
     """1 where a target is missed or unmeasured (a system absent or failed), on the ratios
     of every round's times together (the table printed during the run: each ratio's median
     over the rounds); else 0."""
-    return verdict.exit_status(failures(ratios(rows)))
+    return verdict.exit_status(failures(ratios(rows, _judged(rows))))
 
 
 def run(options: SuiteOptions) -> list[Row]:
@@ -404,21 +449,31 @@ def run(options: SuiteOptions) -> list[Row]:
     round, so a drift of the host favours no system); prints the target ratios, each the
     median of its rounds'; returns one row per measurement, over every round's times."""
     extra = extra_of(options)
-    systems = _systems(extra.get("systems"))
+    across = extra.get("hosts") == "netns"
+    systems = _systems(extra.get("systems"), NETNS_SYSTEMS if across else SYSTEMS)
     num_rounds = int(cast("int | None", extra.get("rounds")) or 1)
     if num_rounds < 1:
         raise SystemExit("kvstore-bench dataplane: --rounds must be >= 1")
+    if across and (why := hosts.missing()) is not None:
+        raise SystemExit(f"kvstore-bench dataplane: {why}")
     runs: dict[str, list[dict | str]] = {system: [] for system in systems}
-    with progress_bar("dataplane", total=len(systems) * num_rounds) as advance:
+    with (
+        hosts.netns_pair() if across else contextlib.nullcontext(ONE_HOST) as where,
+        progress_bar("dataplane", total=len(systems) * num_rounds) as advance,
+    ):
         for r in range(num_rounds):
             for system in systems if r % 2 == 0 else systems[::-1]:
-                runs[system].append(_times_of(system, options.quick))
+                runs[system].append(_times_of(system, options.quick, where))
                 advance(1)
     rounds = [
-        [row for system in systems for row in _rows_of(system, [runs[system][r]])]
+        [row for system in systems for row in _rows_of(system, [runs[system][r]], where)]
         for r in range(num_rounds)
     ]
-    title = f"dataplane, batches of 64: ratios within this run (median of {num_rounds} rounds)"
-    print_table(legend(), title="dataplane: what each ratio compares, and its target")
-    print_table(median_ratios(rounds), title=title)
-    return [row for system in systems for row in _rows_of(system, runs[system])]
+    judged = NETNS_SYSTEMS if across else None
+    place = f"across two hosts ({where.node_addr} <- {where.client_addr})" if across else "one host"
+    title = (
+        f"dataplane, {place}, batches of 64: ratios within this run (median of {num_rounds} rounds)"
+    )
+    print_table(legend(judged), title="dataplane: what each ratio compares, and its target")
+    print_table(median_ratios(rounds, judged), title=title)
+    return [row for system in systems for row in _rows_of(system, runs[system], where)]

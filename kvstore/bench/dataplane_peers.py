@@ -48,6 +48,27 @@ def _timed(fn: Callable[[], object], reps: int) -> list[float]:
     return times
 
 
+def wait_port(host: str, port: int, timeout_s: float = 30.0) -> None:
+    """Until something listens on `host`:`port` (OSError after `timeout_s`)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def wait_ready(address: str, timeout_s: float = 60.0) -> None:
+    """Until the kvstore node at `address` says it is ready."""
+    from kvstore.client import Client
+
+    with Client(address) as client:
+        client.wait_ready(timeout_s=timeout_s)
+
+
 # -- memcpy ------------------------------------------------------------------------------
 
 
@@ -109,11 +130,11 @@ def _recv_into(sock: socket.socket, view: memoryview) -> None:
         view = view[n:]
 
 
-def serve_tcp(port_queue: Any) -> None:
-    """Raw TCP peer: 'G' sends batch blocks, 'P' receives them and acks one byte; 'p'
-    also sums each block it received (CRC32C, as a kvstore node sums what it stores)."""
+def serve_tcp(port_queue: Any, host: str = "127.0.0.1") -> None:
+    """Raw TCP peer on `host`: 'G' sends batch blocks, 'P' receives them and acks one byte;
+    'p' also sums each block it received (CRC32C, as a kvstore node sums what it stores)."""
     buf = np.ones(0, np.uint8).data
-    with socket.create_server(("127.0.0.1", 0)) as server:
+    with socket.create_server((host, 0)) as server:
         port_queue.put(server.getsockname()[1])
         while True:  # one connection per driver cell
             conn, _ = server.accept()
@@ -149,11 +170,11 @@ def _serve_tcp_conn(conn: socket.socket, buf: memoryview) -> memoryview:
 
 
 def drive_tcp(
-    port: int, cells: list[Cell], reps: int, summed: bool = False
+    address: tuple[str, int], cells: list[Cell], reps: int, summed: bool = False
 ) -> dict[Cell, list[float]]:
     """`summed`: every block is checked as kvstore checks it (CRC32C): a get's by the
     client as it lands, a put's by the client before it sends and by the peer on receipt."""
-    sock = socket.create_connection(("127.0.0.1", port))
+    sock = socket.create_connection(address)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     out = {}
     ack = bytearray(1)
@@ -308,11 +329,11 @@ def drive_kvstore(
 # -- redis ---------------------------------------------------------------------------------
 
 
-def drive_redis(port: int, cells: list[Cell], reps: int) -> dict[Cell, list[float]]:
+def drive_redis(address: tuple[str, int], cells: list[Cell], reps: int) -> dict[Cell, list[float]]:
     """LMCache's Redis backend: one pipeline of SET or GET per batch, bytes via redis-py."""
     import redis
 
-    r = redis.Redis(host="127.0.0.1", port=port)
+    r = redis.Redis(host=address[0], port=address[1])
     out = {}
     for op, size, batch in cells:
         names = [f"blk:{size}:{i}" for i in range(batch)]
@@ -341,19 +362,20 @@ def drive_redis(port: int, cells: list[Cell], reps: int) -> dict[Cell, list[floa
 # -- Mooncake Store ------------------------------------------------------------------------
 
 
-def mooncake_store(master: str, metadata: str, segment_bytes: int) -> Any:
+def mooncake_store(master: str, metadata: str, segment_bytes: int, hostname: str) -> Any:
+    """A Mooncake Store client on `hostname` (its transfer engine's address) over TCP."""
     from mooncake.store import MooncakeDistributedStore
 
     store = MooncakeDistributedStore()
-    rc = store.setup("127.0.0.1", metadata, segment_bytes, 512 << 20, "tcp", "", master)
+    rc = store.setup(hostname, metadata, segment_bytes, 512 << 20, "tcp", "", master)
     if rc != 0:
         raise RuntimeError(f"MooncakeDistributedStore.setup returned {rc}")
     return store
 
 
-def serve_mooncake(master: str, metadata: str, ready: Any) -> None:
-    """A Mooncake store process that contributes a memory segment and idles."""
-    store = mooncake_store(master, metadata, 3 << 30)
+def serve_mooncake(master: str, metadata: str, ready: Any, hostname: str = "127.0.0.1") -> None:
+    """A Mooncake store process on `hostname` that contributes a memory segment and idles."""
+    store = mooncake_store(master, metadata, 3 << 30, hostname)
     ready.put("ready")
     while True:
         time.sleep(3600)
@@ -361,11 +383,11 @@ def serve_mooncake(master: str, metadata: str, ready: Any) -> None:
 
 
 def drive_mooncake(
-    master: str, metadata: str, cells: list[Cell], reps: int
+    master: str, metadata: str, hostname: str, cells: list[Cell], reps: int
 ) -> dict[Cell, list[float]]:
     """Mooncake Store over TCP: batch_get_into / batch_put_from a buffer of this process,
-    registered with the store's transfer engine."""
-    store = mooncake_store(master, metadata, 16 << 20)
+    registered with the store's transfer engine (on `hostname`)."""
+    store = mooncake_store(master, metadata, 16 << 20, hostname)
     region = np.ones(max(size * batch for _, size, batch in cells), np.uint8)
     return _time_mooncake(store, region.ctypes.data, cells, reps)
 

@@ -74,7 +74,8 @@ def _system(name: str) -> Iterator[tuple[list[int], Callable[[], Any], dict]]:
         queue = spawn.Queue()
         server = dataplane._spawn(peers.serve_tcp, queue)
         try:
-            yield [server.pid], functools.partial(peers.drive_tcp, queue.get(timeout=60)), {}
+            socket_address = ("127.0.0.1", queue.get(timeout=60))
+            yield [server.pid], functools.partial(peers.drive_tcp, socket_address), {}
         finally:
             server.kill()
     elif name == "ucxx-raw-tcp":

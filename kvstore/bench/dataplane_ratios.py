@@ -20,6 +20,7 @@ Every ratio says what it compares (`Ratio.kind`, printed by `legend`):
 from __future__ import annotations
 
 import statistics
+from collections.abc import Collection
 from typing import NamedTuple, cast
 
 from kvstore.bench.report import Row
@@ -73,7 +74,7 @@ RATIOS = (
           "kvstore's UCX plane over TCP / a raw TCP socket"),
     Ratio("tcp get/tcp-socket", LIMIT, "kvstore-tcp", "get", ("tcp-socket",), 0.9, 0,
           "kvstore's TCP plane / a raw TCP socket"),
-    Ratio("tcp put/tcp-socket", LIMIT, "kvstore-tcp", "put", ("tcp-socket",), None, 0,
+    Ratio("tcp put/tcp-socket", LIMIT, "kvstore-tcp", "put", ("tcp-socket",), 0.9, 256 * KIB,
           "kvstore's TCP plane / a raw TCP socket"),
     Ratio("put/ceiling", CEILING, "kvstore-shm", "put", ("shm-ceiling",), None, 0,
           "kvstore's shm plane / a copy and a CRC32C per block, nothing else"),
@@ -92,21 +93,31 @@ RATIOS = (
 )  # fmt: skip
 
 
-def legend() -> list[Row]:
+def judged(among: Collection[str] | None = None) -> list[Ratio]:
+    """The ratios of systems all `among` those measured (None: every ratio)."""
+    return [r for r in RATIOS if among is None or {r.num, *r.den} <= set(among)]
+
+
+def legend(among: Collection[str] | None = None) -> list[Row]:
     """What each ratio compares, and its target: one row per ratio, like for like first."""
     return [
         {
             "ratio": r.column,
             "compares": r.kind,
             "what": r.what,
-            "target": "-" if r.at_least is None else f">= {r.at_least:g} from {_size(r.from_size)}",
+            "target": _target(r),
         }
-        for r in RATIOS
+        for r in judged(among)
     ]
 
 
-def _size(nbytes: int) -> str:
-    return f"{nbytes >> 20} MiB" if nbytes >= MIB else f"{nbytes >> 10} KiB"
+def _target(r: Ratio) -> str:
+    if r.at_least is None:
+        return "-"
+    if r.from_size <= BLOCK_BYTES[0]:
+        return f">= {r.at_least:g} at every size"
+    size = f"{r.from_size >> 20} MiB" if r.from_size >= MIB else f"{r.from_size >> 10} KiB"
+    return f">= {r.at_least:g} from {size}"
 
 
 def _gbps(rows: list[Row], system: str, op: str, size: int) -> float | None:
@@ -122,29 +133,41 @@ def _fastest(rows: list[Row], systems: tuple[str, ...], op: str, size: int) -> f
     return None if any(g is None for g in found) else max(cast(list[float], found))
 
 
-def ratio_row(rows: list[Row], size: int) -> Row:
-    """One block size: kvstore's GB/s, its ratio to each baseline, and the targets missed."""
+# kvstore's own GB/s beside its ratios: (column, system, op)
+PLANES = (
+    ("put_gbps", "kvstore-shm", "put"),
+    ("get_gbps", "kvstore-shm", "get"),
+    ("ucx_put_gbps", "kvstore-ucx", "put"),
+    ("ucx_get_gbps", "kvstore-ucx", "get"),
+    ("tcp_put_gbps", "kvstore-tcp", "put"),
+    ("tcp_get_gbps", "kvstore-tcp", "get"),
+)
+
+
+def ratio_row(rows: list[Row], size: int, among: Collection[str] | None = None) -> Row:
+    """One block size: kvstore's GB/s, its ratio to each baseline, and the targets missed;
+    with `among`, only the ratios of those systems (`judged`)."""
     out: Row = {"block_bytes": size}
-    out["put_gbps"] = _gbps(rows, "kvstore-shm", "put", size)
-    out["get_gbps"] = _gbps(rows, "kvstore-shm", "get", size)
-    out["ucx_put_gbps"] = _gbps(rows, "kvstore-ucx", "put", size)
-    out["ucx_get_gbps"] = _gbps(rows, "kvstore-ucx", "get", size)
-    for r in RATIOS:
+    for column, system, op in PLANES:
+        if among is None or system in among:
+            out[column] = _gbps(rows, system, op, size)
+    for r in judged(among):
         a, b = _gbps(rows, r.num, r.op, size), _fastest(rows, r.den, r.op, size)
         out[r.column] = a / b if a and b else None
-    # The client sums every block a get receives: that work's share of a get's time, if it
-    # did not overlap the transfer (it does: each block is summed as it lands).
-    get, crc = out["get_gbps"], _gbps(rows, "crc32c", "get", size)
-    out["crc/get"] = get / crc if get and crc else None  # type: ignore[operator]
-    out["missed"] = _missed(out)
+    if among is None:
+        # The client sums every block a get receives: that work's share of a get's time, if
+        # it did not overlap the transfer (it does: each block is summed as it lands).
+        get, crc = out["get_gbps"], _gbps(rows, "crc32c", "get", size)
+        out["crc/get"] = get / crc if get and crc else None  # type: ignore[operator]
+    out["missed"] = _missed(out, among)
     return out
 
 
-def _missed(ratios: Row) -> str:
+def _missed(ratios: Row, among: Collection[str] | None = None) -> str:
     """The targets a block size's ratios miss ("-": none); a target whose ratio could not be
     computed (a system absent or failed) is missed, as "unmeasured"."""
     missed = []
-    for r in RATIOS:
+    for r in judged(among):
         ratio = ratios[r.column]
         if r.at_least is None or cast(int, ratios["block_bytes"]) < r.from_size:
             continue
@@ -160,14 +183,14 @@ def failures(ratio_rows: list[Row]) -> list[str]:
     return [f"{r['block_bytes']} B: {r['missed']}" for r in ratio_rows if r["missed"] != "-"]
 
 
-def ratios(rows: list[Row]) -> list[Row]:
-    return [ratio_row(rows, size) for size in BLOCK_BYTES]
+def ratios(rows: list[Row], among: Collection[str] | None = None) -> list[Row]:
+    return [ratio_row(rows, size, among) for size in BLOCK_BYTES]
 
 
-def median_ratios(rounds: list[list[Row]]) -> list[Row]:
+def median_ratios(rounds: list[list[Row]], among: Collection[str] | None = None) -> list[Row]:
     """Per block size, each ratio's median over the rounds (each round's ratio is of figures
     measured minutes apart at most), and the targets that median misses."""
-    per_round = [ratios(rows) for rows in rounds]
+    per_round = [ratios(rows, among) for rows in rounds]
     out = []
     for i, size in enumerate(BLOCK_BYTES):
         row: Row = {"block_bytes": size, "rounds": len(rounds)}
@@ -176,6 +199,6 @@ def median_ratios(rounds: list[list[Row]]) -> list[Row]:
                 continue
             values = [r[i][column] for r in per_round if r[i][column] is not None]
             row[column] = statistics.median(values) if values else None  # type: ignore[type-var]
-        row["missed"] = _missed(row)
+        row["missed"] = _missed(row, among)
         out.append(row)
     return out
