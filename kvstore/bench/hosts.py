@@ -43,18 +43,10 @@ class Hosts:
 
     def node_command(self, cmd: list[str]) -> list[str]:
         """`cmd`, run in the node side's namespace."""
-        return _in(self.node_ns, cmd)
-
-    def client_command(self, cmd: list[str]) -> list[str]:
-        """`cmd`, run in the client side's namespace."""
-        return _in(self.client_ns, cmd)
+        return cmd if self.node_ns is None else ["ip", "netns", "exec", self.node_ns, *cmd]
 
 
 ONE_HOST = Hosts()
-
-
-def _in(ns: str | None, cmd: list[str]) -> list[str]:
-    return cmd if ns is None else ["ip", "netns", "exec", ns, *cmd]
 
 
 def enter(ns: str | None) -> None:
