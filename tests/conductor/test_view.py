@@ -184,12 +184,15 @@ def test_decode_gaps_measure_the_decode_step_of_the_batch_held():
     assert cluster.cost.prefill_s(20) == COST.prefill_s(20)  # prefill measured nothing
 
 
-def test_the_speed_settings_are_checked_at_start():
+def test_the_speed_and_warm_up_settings_are_checked_at_start():
     assert ConductorConfig(engines="127.0.0.1:1", speed_window=0).speed_window == 0
     bad = ({"speed_window": -1}, {"speed_max_age_s": 0.0}, {"speed_max_age_s": float("nan")})
     for settings in bad:
         with pytest.raises(InvalidArgumentError, match="speed_"):
             ConductorConfig(engines="127.0.0.1:1", **settings)
+    assert ConductorConfig(engines="127.0.0.1:1", warmup_rounds=0).warmup_rounds == 0
+    with pytest.raises(InvalidArgumentError, match="warmup_rounds must be >= 0"):
+        ConductorConfig(engines="127.0.0.1:1", warmup_rounds=-1)
 
 
 def test_a_profile_scales_its_prefill_and_decode_times_and_keeps_its_sizes():
