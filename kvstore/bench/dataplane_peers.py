@@ -22,7 +22,7 @@ from typing import Any, cast
 import numpy as np
 
 from kvstore.checksum import checksum
-from kvstore.dataplane.shm.crew import MIN_SHARED_BYTES, Crew
+from kvstore.dataplane.shm.crew import MIN_SHARED_BYTES, Crew, host_helpers
 from kvstore.dataplane.shm.server import GET_SHARED_BYTES, get_helpers
 from kvstore.dataplane.ucx.runtime import configure_ucx_env
 
@@ -77,13 +77,10 @@ def copy_threads(op: str, nbytes: int) -> int:
     this host: a put's with the node's crew (the caller and a helper per further core, from
     `crew.MIN_SHARED_BYTES`), a get's with the helpers a get may take beside the client's
     check (`shm.server.get_helpers`, from `GET_SHARED_BYTES`)."""
-    crew = Crew.for_host()
-    if op == "put":
-        helpers, least = crew.helpers, MIN_SHARED_BYTES
-    else:
-        helpers, least = min(crew.helpers, get_helpers(os.cpu_count() or 1)), GET_SHARED_BYTES
-    crew.shutdown()
-    return 1 + helpers if nbytes >= least else 1
+    helpers, least = host_helpers(), MIN_SHARED_BYTES
+    if op == "get":
+        helpers, least = min(helpers, get_helpers(os.cpu_count() or 1)), GET_SHARED_BYTES
+    return 1 + max(0, helpers) if nbytes >= least else 1
 
 
 def drive_memcpy(cells: list[Cell], reps: int) -> dict[Cell, list[float]]:

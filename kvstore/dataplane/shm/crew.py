@@ -43,7 +43,7 @@ class Crew:
     def for_host(cls) -> Crew:
         """A helper per core beside the caller's, at most three (threads start on first
         use; idle ones wait on a queue)."""
-        return cls(min(3, (os.cpu_count() or 1) - 1))
+        return cls(host_helpers())
 
     def run(
         self,
@@ -91,3 +91,9 @@ class Crew:
     def shutdown(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def host_helpers() -> int:
+    """How many helpers a crew has on this host: one per core beside the caller's, at most
+    three."""
+    return min(3, (os.cpu_count() or 1) - 1)
