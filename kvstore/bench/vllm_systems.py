@@ -61,6 +61,7 @@ class System:
     is_shared: bool
     needs_gpu: bool = False  # vLLM refuses it on CPU
     connector_extra: tuple[tuple[str, object], ...] = ()  # settings of its connector
+    server_flags: tuple[str, ...] = ()  # settings of its server (LMCache's)
     by_default: bool = True  # in the sweep without --systems
 
     @property
@@ -84,17 +85,45 @@ class System:
         elif self.connector == "lmcache":
             lmcache = str(ROOT / self.venv / "bin" / "lmcache")
             cmd = [lmcache, "server", "--host", "127.0.0.1", "--port", str(port)]
-            cmd += ["--l1-size-gb", "8", "--eviction-policy", "LRU"]
-            cmd += ["--supported-transfer-mode", "engine_driven", "--chunk-size", "128"]
+            cmd += ["--l1-size-gb", "8", "--eviction-policy", "LRU", *self.server_flags]
             with _server(cmd, port, workdir / "lmcache.log"):
                 yield {"lmcache_port": port}
         else:
             yield {}
 
 
+# LMCache's MP server: vLLM on CPU registers its KV caches for engine-driven transfers only
+# (a server left at its default, `lmcache_driven`, never answers that registration), so
+# every variant supports them; the chunk size is LMCache's default, 256, which loaded
+# faster here than 128 (docs/benchmarks/vllm.md, "LMCache's settings").
+LMCACHE_FLAGS = ("--supported-transfer-mode", "engine_driven", "--chunk-size", "256")
 SYSTEMS = (
     System("recompute", "recompute", ".venv-vllm", is_shared=False),
-    System("lmcache", "lmcache", ".venv-lmcache", is_shared=True),
+    System("lmcache", "lmcache", ".venv-lmcache", is_shared=True, server_flags=LMCACHE_FLAGS),
+    # The settings tried beside it (`--systems lmcache,lmcache-128,lmcache-auto`).
+    System(
+        "lmcache-128",
+        "lmcache",
+        ".venv-lmcache",
+        is_shared=True,
+        server_flags=("--supported-transfer-mode", "engine_driven", "--chunk-size", "128"),
+        by_default=False,
+    ),
+    System(
+        "lmcache-auto",
+        "lmcache",
+        ".venv-lmcache",
+        is_shared=True,
+        server_flags=(
+            "--supported-transfer-mode",
+            "auto",
+            "--chunk-size",
+            "256",
+            "--max-workers",
+            "2",
+        ),
+        by_default=False,
+    ),
     System("kvstore", "kvstore", ".venv-vllm", is_shared=True),
     # kvstore loading before the forward pass, through its staging pool (the GPU path today).
     System(

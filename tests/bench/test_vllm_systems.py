@@ -45,3 +45,15 @@ def test_the_staged_kvstore_runs_only_when_asked_and_loads_before_the_forward_pa
     config = kv_transfer_config(spec | {"connector_extra": dict(staged.connector_extra)})
     assert config is not None
     assert config["kv_connector_extra_config"]["kvstore.load_by_layer"] is False
+
+
+def test_every_lmcache_server_takes_engine_driven_transfers_and_the_default_its_chunks():
+    """vLLM on CPU registers its caches for engine-driven transfers only; LMCache's own
+    default chunk size (256) is the compared one, the others run only when asked."""
+    lmcache = {s.name: s for s in SYSTEMS if s.connector == "lmcache"}
+    for system in lmcache.values():
+        mode = system.server_flags[system.server_flags.index("--supported-transfer-mode") + 1]
+        assert mode in ("engine_driven", "auto")
+    default = lmcache["lmcache"].server_flags
+    assert default[default.index("--chunk-size") + 1] == "256" and lmcache["lmcache"].by_default
+    assert not any(s.by_default for name, s in lmcache.items() if name != "lmcache")
