@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import fcntl
 import importlib
 import ipaddress
@@ -24,6 +25,7 @@ from kvstore import errors
 
 log = logging.getLogger("kvstore.dataplane")
 T = TypeVar("T")
+STOP_GRACE_S = 5.0  # how long `stop` waits for the loop's tasks to end once cancelled
 
 
 def configure_ucx_env() -> None:
@@ -152,6 +154,11 @@ class UcxRuntime:
         """Stops the loop thread; in-flight coroutines are cancelled."""
         if self.loop.is_closed():
             return
+        if self._thread.is_alive():
+            # Cancelled here and awaited, a task ends on its loop; left pending, it would be
+            # destroyed pending whenever the loop is collected, and asyncio logs that.
+            with contextlib.suppress(concurrent.futures.TimeoutError):
+                self.submit(_cancel_others()).result(timeout=STOP_GRACE_S)
         if self.ctx is not None:
             # The notifier waits for completions in 1 s periods; waking it first makes the
             # stop immediate instead of up to a second.
@@ -166,6 +173,14 @@ class UcxRuntime:
         if ctx is not None:
             ctx.worker.stop_progress_thread()
             _quiesce_notifier(ctx.worker)
+
+
+async def _cancel_others() -> None:
+    """Cancels every other task of the running loop and waits until each has ended."""
+    others = asyncio.all_tasks() - {asyncio.current_task()}
+    for task in others:
+        task.cancel()
+    await asyncio.gather(*others, return_exceptions=True)
 
 
 def _quiesce_notifier(worker: Any) -> None:
