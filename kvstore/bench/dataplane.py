@@ -107,12 +107,17 @@ def _drive(
         return pool.apply(hosts.call_in, (ns, fn, *args))
 
 
+def _on_client_side(where: Hosts, fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)` where the clients are: here on one host, else in a process spawned into
+    the client namespace."""
+    if where.client_ns is None:
+        return fn(*args)
+    return _drive(fn, *args, ns=where.client_ns)
+
+
 def _wait_port(where: Hosts, port: int) -> None:
     """Until the node side listens on `port`, seen from the client side."""
-    if where.client_ns is None:
-        peers.wait_port(where.node_addr, port)
-    else:
-        _drive(peers.wait_port, where.node_addr, port, ns=where.client_ns)
+    _on_client_side(where, peers.wait_port, where.node_addr, port)
 
 
 def _times_by_cell(fn: Callable[[list[peers.Cell], int], Any], quick: bool) -> dict:
@@ -207,10 +212,7 @@ def _kvstore_server(
         )
     try:
         address = f"{where.node_addr}:{port}"
-        if where.client_ns is None:
-            peers.wait_ready(address)
-        else:
-            _drive(peers.wait_ready, address, ns=where.client_ns)
+        _on_client_side(where, peers.wait_ready, address)
         yield address, proc.pid
     finally:
         proc.terminate()

@@ -124,8 +124,8 @@ def _ip(*args: str) -> None:
 
 
 def _wait_running(ns: str, dev: str, timeout_s: float = 10.0) -> None:
-    """Until `dev` carries traffic (its carrier is up a moment after the link is): UCX
-    leaves out an interface that is not running yet."""
+    """Until `dev` carries traffic: its carrier comes up a moment after the link, and a
+    route check or a first connection made before then would fail for no reason of its own."""
     deadline = time.monotonic() + timeout_s
     while "state UP" not in _link(ns, dev):
         if time.monotonic() > deadline:
