@@ -45,7 +45,11 @@ def kv_transfer_config(spec: dict[str, Any]) -> dict[str, Any] | None:
             "kv_connector_extra_config": extra,
         }
     if kind == "lmcache":
-        extra = {"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": spec["lmcache_port"]}
+        extra = {
+            "lmcache.mp.host": "tcp://127.0.0.1",
+            "lmcache.mp.port": spec["lmcache_port"],
+            **spec.get("connector_extra", {}),
+        }
         return {
             "kv_connector": "LMCacheMPConnector",
             "kv_role": "kv_both",

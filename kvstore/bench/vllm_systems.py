@@ -61,7 +61,7 @@ class System:
     is_shared: bool
     needs_gpu: bool = False  # vLLM refuses it on CPU
     connector_extra: tuple[tuple[str, object], ...] = ()  # settings of its connector
-    server_flags: tuple[str, ...] = ()  # settings of its server (LMCache's)
+    server_flags: tuple[str, ...] = ()  # settings of its server (LMCache's); `{port}` is its port
     by_default: bool = True  # in the sweep without --systems
 
     @property
@@ -77,19 +77,23 @@ class System:
     @contextlib.contextmanager
     def serve(self, workdir: Path) -> Iterator[dict[str, object]]:
         """Starts the system's server (if any); yields the spec keys vLLM needs."""
-        port = _free_port()
+        port, log = _free_port(), workdir / f"{self.name}-server.log"
         if self.connector == "kvstore":
             cmd = [self.python, "-m", "kvstore.cli", "serve", "--port", str(port)]
-            with _server([*cmd, "--dram-bytes", "8GiB"], port, workdir / "kvstore.log"):
+            with _server([*cmd, "--dram-bytes", "8GiB"], port, log):
                 yield {"store": f"127.0.0.1:{port}"}
         elif self.connector == "lmcache":
-            lmcache = str(ROOT / self.venv / "bin" / "lmcache")
-            cmd = [lmcache, "server", "--host", "127.0.0.1", "--port", str(port)]
-            cmd += ["--l1-size-gb", "8", "--eviction-policy", "LRU", *self.server_flags]
-            with _server(cmd, port, workdir / "lmcache.log"):
+            with _server(self.lmcache_command(port), port, log):
                 yield {"lmcache_port": port}
         else:
             yield {}
+
+    def lmcache_command(self, port: int) -> list[str]:
+        """LMCache's MP server on `port`, with this system's settings."""
+        lmcache = str(ROOT / self.venv / "bin" / "lmcache")
+        cmd = [lmcache, "server", "--host", "127.0.0.1", "--port", str(port)]
+        flags = [flag.format(port=port) for flag in self.server_flags]
+        return [*cmd, "--l1-size-gb", "8", "--eviction-policy", "LRU", *flags]
 
 
 # LMCache's MP server: vLLM on CPU registers its KV caches for engine-driven transfers only
@@ -122,6 +126,27 @@ SYSTEMS = (
             "--max-workers",
             "2",
         ),
+        by_default=False,
+    ),
+    # Engine-driven transfers through LMCache's shared-memory L1 pool instead of pickled
+    # ZMQ messages: both flags are needed (lmcache/v1/multiprocess/engine_context.py).
+    System(
+        "lmcache-shm",
+        "lmcache",
+        ".venv-lmcache",
+        is_shared=True,
+        server_flags=(*LMCACHE_FLAGS, "--shm-name", "kvbench-lmcache-{port}", "--no-l1-use-lazy"),
+        by_default=False,
+    ),
+    # The server maps vLLM's own KV pages (moved to POSIX shm) and copies them itself: asked
+    # for on vLLM's side, since on CPU its `auto` picks engine-driven.
+    System(
+        "lmcache-zero-copy",
+        "lmcache",
+        ".venv-lmcache",
+        is_shared=True,
+        connector_extra=(("lmcache.mp.mp_transfer_mode", "lmcache_driven"),),
+        server_flags=("--supported-transfer-mode", "auto", "--chunk-size", "256"),
         by_default=False,
     ),
     System("kvstore", "kvstore", ".venv-vllm", is_shared=True),

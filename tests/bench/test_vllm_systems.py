@@ -57,3 +57,17 @@ def test_every_lmcache_server_takes_engine_driven_transfers_and_the_default_its_
     default = lmcache["lmcache"].server_flags
     assert default[default.index("--chunk-size") + 1] == "256" and lmcache["lmcache"].by_default
     assert not any(s.by_default for name, s in lmcache.items() if name != "lmcache")
+
+
+def test_lmcache_shm_names_a_pool_of_its_own_and_zero_copy_is_asked_for_on_vllms_side():
+    lmcache = {s.name: s for s in SYSTEMS if s.connector == "lmcache"}
+    cmd = lmcache["lmcache-shm"].lmcache_command(4321)
+    assert cmd[cmd.index("--shm-name") + 1] == "kvbench-lmcache-4321"
+    assert "--no-l1-use-lazy" in cmd  # without it the server keeps pickling
+    zero_copy = lmcache["lmcache-zero-copy"]
+    spec = {"connector": "lmcache", "lmcache_port": 4321}
+    config = kv_transfer_config(spec | {"connector_extra": dict(zero_copy.connector_extra)})
+    assert config is not None
+    extra = config["kv_connector_extra_config"]
+    assert extra["lmcache.mp.mp_transfer_mode"] == "lmcache_driven"
+    assert extra["lmcache.mp.port"] == 4321
