@@ -107,17 +107,9 @@ def _drive(
         return pool.apply(hosts.call_in, (ns, fn, *args))
 
 
-def _on_client_side(where: Hosts, fn: Callable[..., Any], *args: Any) -> Any:
-    """`fn(*args)` where the clients are: here on one host, else in a process spawned into
-    the client namespace."""
-    if where.client_ns is None:
-        return fn(*args)
-    return _drive(fn, *args, ns=where.client_ns)
-
-
 def _wait_port(where: Hosts, port: int) -> None:
     """Until the node side listens on `port`, seen from the client side."""
-    _on_client_side(where, peers.wait_port, where.node_addr, port)
+    hosts.call_from(where.client_ns, peers.wait_port, where.node_addr, port)
 
 
 def _times_by_cell(fn: Callable[[list[peers.Cell], int], Any], quick: bool) -> dict:
@@ -212,7 +204,7 @@ def _kvstore_server(
         )
     try:
         address = f"{where.node_addr}:{port}"
-        _on_client_side(where, peers.wait_ready, address)
+        hosts.call_from(where.client_ns, peers.wait_ready, address)
         yield address, proc.pid
     finally:
         proc.terminate()

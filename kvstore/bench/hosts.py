@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import multiprocessing as mp
 import os
 import shutil
 import subprocess
@@ -43,7 +44,15 @@ class Hosts:
 
     def node_command(self, cmd: list[str]) -> list[str]:
         """`cmd`, run in the node side's namespace."""
-        return cmd if self.node_ns is None else ["ip", "netns", "exec", self.node_ns, *cmd]
+        return _in_namespace(self.node_ns, cmd)
+
+    def client_command(self, cmd: list[str]) -> list[str]:
+        """`cmd`, run in the client side's namespace."""
+        return _in_namespace(self.client_ns, cmd)
+
+
+def _in_namespace(ns: str | None, cmd: list[str]) -> list[str]:
+    return cmd if ns is None else ["ip", "netns", "exec", ns, *cmd]
 
 
 ONE_HOST = Hosts()
@@ -77,6 +86,16 @@ def call_in(ns: str | None, fn: Callable[..., T], *args: Any) -> T:
     """`fn(*args)` in namespace `ns`: a target for a spawned process."""
     enter(ns)
     return fn(*args)
+
+
+def call_from(ns: str | None, fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` here where `ns` is None, else in a process spawned into namespace `ns`
+    (this process never opens a socket toward an address of the bench's namespaces: from
+    here, unrouted, it would leave the machine)."""
+    if ns is None:
+        return fn(*args)
+    with mp.get_context("spawn").Pool(1) as pool:
+        return pool.apply(call_in, (ns, fn, *args))
 
 
 def missing() -> str | None:

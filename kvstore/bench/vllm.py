@@ -12,6 +12,7 @@ docs/vllm.md). A system whose venv is missing is reported, not run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -25,7 +26,8 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from kvstore.bench import dataplane_peers as peers
-from kvstore.bench import verdict, vllm_phases, vllm_targets, vllm_tpot
+from kvstore.bench import hosts, verdict, vllm_phases, vllm_targets, vllm_tpot
+from kvstore.bench.hosts import ONE_HOST, Hosts
 from kvstore.bench.options import extra_of
 from kvstore.bench.report import Row, progress_bar
 from kvstore.bench.suites import SuiteOptions
@@ -75,6 +77,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="long-doc QA document sizes, comma-separated (default 512,2048,8192; quick 512,1536)",
     )
     parser.add_argument(
+        "--hosts",
+        choices=("one", "netns"),
+        default="one",
+        help="netns: each server in a network namespace and every vLLM process in another,"
+        " joined by a veth pair (root): KV crosses a network stack, as between two hosts",
+    )
+    parser.add_argument(
         "--phases",
         action="store_true",
         help="kvstore only: where the time of a fresh process's first and later loads goes",
@@ -119,10 +128,14 @@ def _context_len(workload: str) -> int:
     return 2048
 
 
-def _run_engine(system: System, spec: dict[str, Any], workdir: Path, name: str) -> list[dict]:
+def _run_engine(
+    system: System, spec: dict[str, Any], workdir: Path, name: str, where: Hosts = ONE_HOST
+) -> list[dict]:
+    """Runs one vLLM process (on the client side) over `spec`; returns its records."""
     spec_path, out_path = workdir / f"{name}.json", workdir / f"{name}.out"
     spec_path.write_text(json.dumps(spec))
     cmd = [system.python, "-m", "kvstore.bench.vllm_engine", str(spec_path), str(out_path)]
+    cmd = where.client_command(cmd)
     env = {**os.environ, **ENGINE_ENV, "PYTHONPATH": str(ROOT)}
     with open(workdir / f"{name}.log", "w") as log:
         subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, check=True)
@@ -136,13 +149,14 @@ def _run_system(
     workdir: Path,
     advance: Callable[[int], None],
     store_block_bytes: int,
+    where: Hosts = ONE_HOST,
 ) -> tuple[dict[str, list[dict]], float | None]:
     """Per workload, the reader's records (a fresh process), after a writer if shared;
     and for kvstore, its data plane's get bandwidth at the same block size, on the same
     node right after (the reference of the effective load bandwidth)."""
     base = {"model": model, "connector": system.connector, "max_tokens": MAX_TOKENS}
     base["connector_extra"] = dict(system.connector_extra)
-    with system.serve(workdir) as server:
+    with system.serve(workdir, where) as server:
         base.update(server)
         results = {}
         for name, sessions in wl.items():
@@ -150,13 +164,13 @@ def _run_system(
             tag = f"{system.name}-{name.replace('/', '-')}"
             if system.is_shared and sessions["writer"]:
                 spec = {**base, "sessions": sessions["writer"]}
-                _run_engine(system, spec, workdir, f"{tag}-writer")
+                _run_engine(system, spec, workdir, f"{tag}-writer", where)
             spec = {**base, "sessions": sessions["reader"]}
-            results[name] = _run_engine(system, spec, workdir, f"{tag}-reader")
+            results[name] = _run_engine(system, spec, workdir, f"{tag}-reader", where)
             advance(1)
         get_gbps = None
         if "store" in server:
-            get_gbps = dataplane_get_gbps(str(server["store"]), store_block_bytes)
+            get_gbps = dataplane_get_gbps(str(server["store"]), store_block_bytes, where)
     return results, get_gbps
 
 
@@ -165,11 +179,16 @@ def block_bytes(model: str) -> int:
     return kv_bytes_per_token(model) * BLOCK_TOKENS
 
 
-def dataplane_get_gbps(address: str, size: int) -> float:
-    """`kvstore-bench dataplane`'s get (shared-memory buffers, batches of 64) of `size`-byte
-    blocks from the node at `address`: median GB/s of DATAPLANE_GETS calls."""
+def dataplane_get_gbps(address: str, size: int, where: Hosts = ONE_HOST) -> float:
+    """`kvstore-bench dataplane`'s get (batches of 64, shared-memory buffers) of `size`-byte
+    blocks from the node at `address`, from the client side (over shared memory on one
+    host, else the tcp plane): median GB/s of DATAPLANE_GETS calls."""
     cell = ("get", size, 64)
-    times = peers.drive_kvstore(address, "shm", [cell], DATAPLANE_GETS)[cell]
+    transport = "shm" if where.client_ns is None else "tcp"
+    drive = peers.drive_kvstore
+    times = hosts.call_from(where.client_ns, drive, address, transport, [cell], DATAPLANE_GETS)[
+        cell
+    ]
     return round(64 * size / statistics.median(times) / 1e9, 3)
 
 
@@ -197,7 +216,10 @@ def _system(name: str) -> System:
     return next(s for s in SYSTEMS if s.name == name)
 
 
-def _usable(system: System) -> bool:
+def _usable(system: System, across: bool) -> bool:
+    if across and system.one_host_only:
+        log.warning("event=system_skipped system=%s reason=one host only", system.name)
+        return False
     if system.needs_gpu and not _has_gpu():
         log.warning("event=system_skipped system=%s reason=needs a CUDA or XPU GPU", system.name)
         return False
@@ -223,15 +245,20 @@ def run(options: SuiteOptions) -> list[Row]:
     if extra.get("tpot"):
         return _run_tpot(model_dir, doc_sizes, workdir)
     wanted = str(extra.get("systems") or ",".join(DEFAULT_SYSTEMS)).split(",")
-    systems = [s for s in SYSTEMS if (s.name in wanted or s is recompute) and _usable(s)]
+    across = extra.get("hosts") == "netns"
+    wanted_systems = [s for s in SYSTEMS if s.name in wanted or s is recompute]
+    systems = [s for s in wanted_systems if _usable(s, across)]
     wl = workloads(size, doc_sizes)
     results: dict[str, dict] = {}
     gets: dict[str, float | None] = {}
-    with progress_bar("vllm", len(systems) * len(wl)) as advance:
+    with (
+        hosts.netns_pair() if across else contextlib.nullcontext(ONE_HOST) as where,
+        progress_bar("vllm", len(systems) * len(wl)) as advance,
+    ):
         for system in systems:
             try:
                 found = _run_system(
-                    system, str(model_dir), wl, workdir, advance, block_bytes(size["model"])
+                    system, str(model_dir), wl, workdir, advance, block_bytes(size["model"]), where
                 )
                 results[system.name], gets[system.name] = found
             except (subprocess.CalledProcessError, OSError, AssertionError, TimeoutError) as exc:
@@ -239,11 +266,12 @@ def run(options: SuiteOptions) -> list[Row]:
                     "event=system_failed system=%s error=%r logs=%s", system.name, exc, workdir
                 )
     ref = results.get("recompute", {})
-    return [
+    rows = [
         row(w, name, res[w], ref.get(w), size["model"], gets.get(name))
         for w in wl
         for name, res in results.items()
     ]
+    return [{"hosts": "netns", **r} for r in rows] if across else rows
 
 
 def exit_status(rows: list[Row]) -> int:

@@ -46,7 +46,7 @@ def kv_transfer_config(spec: dict[str, Any]) -> dict[str, Any] | None:
         }
     if kind == "lmcache":
         extra = {
-            "lmcache.mp.host": "tcp://127.0.0.1",
+            "lmcache.mp.host": f"tcp://{spec.get('lmcache_host', '127.0.0.1')}",
             "lmcache.mp.port": spec["lmcache_port"],
             **spec.get("connector_extra", {}),
         }

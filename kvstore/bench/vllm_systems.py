@@ -15,6 +15,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvstore.bench import dataplane_peers as peers
+from kvstore.bench import hosts
+from kvstore.bench.hosts import LOOPBACK, ONE_HOST, Hosts
+
 ROOT = Path(__file__).resolve().parents[2]  # the repository, where the venvs are
 
 
@@ -24,23 +28,25 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _wait_port(port: int, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
+def _wait_port(port: int, proc: subprocess.Popen, where: Hosts, timeout_s: float = 120.0) -> None:
+    """Until the server listens on `port`, seen from the client side."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         assert proc.poll() is None, f"server exited with {proc.returncode}"
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-            return
+        with contextlib.suppress(OSError):
+            return hosts.call_from(where.client_ns, peers.wait_port, where.node_addr, port, 1.0)
         time.sleep(0.5)
     raise TimeoutError(f"nothing listens on port {port}")
 
 
 @contextlib.contextmanager
-def _server(cmd: list[str], port: int, log: Path) -> Iterator[None]:
+def _server(cmd: list[str], port: int, log: Path, where: Hosts) -> Iterator[None]:
     with open(log, "w") as out:
         env = {**os.environ, "LMCACHE_TRACK_USAGE": "false"}
+        cmd = where.node_command(cmd)
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
-        _wait_port(port, proc)
+        _wait_port(port, proc, where)
         yield
     finally:
         proc.terminate()
@@ -63,6 +69,9 @@ class System:
     connector_extra: tuple[tuple[str, object], ...] = ()  # settings of its connector
     server_flags: tuple[str, ...] = ()  # settings of its server (LMCache's); `{port}` is its port
     by_default: bool = True  # in the sweep without --systems
+    # Moves KV through /dev/shm, which a network namespace does not separate: across the
+    # namespaces of `--hosts netns` it would cross no network, so it runs on one host only.
+    one_host_only: bool = False
 
     @property
     def python(self) -> str:
@@ -75,23 +84,28 @@ class System:
         return f"{self.name} needs {self.venv}: run `make {self.venv}/bin/.installed` (minutes)"
 
     @contextlib.contextmanager
-    def serve(self, workdir: Path) -> Iterator[dict[str, object]]:
-        """Starts the system's server (if any); yields the spec keys vLLM needs."""
+    def serve(self, workdir: Path, where: Hosts = ONE_HOST) -> Iterator[dict[str, object]]:
+        """Starts the system's server (if any) on the node side; yields the spec keys vLLM
+        needs."""
         port, log = _free_port(), workdir / f"{self.name}-server.log"
+        host = where.node_addr
         if self.connector == "kvstore":
-            cmd = [self.python, "-m", "kvstore.cli", "serve", "--port", str(port)]
-            with _server([*cmd, "--dram-bytes", "8GiB"], port, log):
-                yield {"store": f"127.0.0.1:{port}"}
+            cmd = [self.python, "-m", "kvstore.cli", "serve", "--host", host, "--port", str(port)]
+            cmd += ["--dram-bytes", "8GiB"]
+            if where.node_ns is not None:  # as LMCache's server: no one but vLLM's side sees it
+                cmd.append("--insecure")
+            with _server(cmd, port, log, where):
+                yield {"store": f"{host}:{port}"}
         elif self.connector == "lmcache":
-            with _server(self.lmcache_command(port), port, log):
-                yield {"lmcache_port": port}
+            with _server(self.lmcache_command(port, host), port, log, where):
+                yield {"lmcache_host": host, "lmcache_port": port}
         else:
             yield {}
 
-    def lmcache_command(self, port: int) -> list[str]:
-        """LMCache's MP server on `port`, with this system's settings."""
+    def lmcache_command(self, port: int, host: str = LOOPBACK) -> list[str]:
+        """LMCache's MP server on `host`:`port`, with this system's settings."""
         lmcache = str(ROOT / self.venv / "bin" / "lmcache")
-        cmd = [lmcache, "server", "--host", "127.0.0.1", "--port", str(port)]
+        cmd = [lmcache, "server", "--host", host, "--port", str(port)]
         flags = [flag.format(port=port) for flag in self.server_flags]
         return [*cmd, "--l1-size-gb", "8", "--eviction-policy", "LRU", *flags]
 
@@ -137,6 +151,7 @@ SYSTEMS = (
         is_shared=True,
         server_flags=(*LMCACHE_FLAGS, "--shm-name", "kvbench-lmcache-{port}", "--no-l1-use-lazy"),
         by_default=False,
+        one_host_only=True,
     ),
     # The server maps vLLM's own KV pages (moved to POSIX shm) and copies them itself: asked
     # for on vLLM's side, since on CPU its `auto` picks engine-driven.
@@ -148,6 +163,7 @@ SYSTEMS = (
         connector_extra=(("lmcache.mp.mp_transfer_mode", "lmcache_driven"),),
         server_flags=("--supported-transfer-mode", "auto", "--chunk-size", "256"),
         by_default=False,
+        one_host_only=True,
     ),
     System("kvstore", "kvstore", ".venv-vllm", is_shared=True),
     # kvstore loading before the forward pass, through its staging pool (the GPU path today).

@@ -71,3 +71,12 @@ def test_lmcache_shm_names_a_pool_of_its_own_and_zero_copy_is_asked_for_on_vllms
     extra = config["kv_connector_extra_config"]
     assert extra["lmcache.mp.mp_transfer_mode"] == "lmcache_driven"
     assert extra["lmcache.mp.port"] == 4321
+
+
+def test_across_namespaces_the_systems_that_move_kv_through_dev_shm_do_not_run():
+    """/dev/shm is one for every network namespace: across them those would cross nothing."""
+    lmcache = {s.name: s for s in SYSTEMS if s.connector == "lmcache"}
+    for name in ("lmcache-shm", "lmcache-zero-copy"):
+        assert not kvstore.bench.vllm._usable(lmcache[name], across=True)
+    one_host = [s for s in SYSTEMS if s.one_host_only]
+    assert {s.name for s in one_host} == {"lmcache-shm", "lmcache-zero-copy"}

@@ -64,3 +64,26 @@ def test_across_hosts_only_the_systems_that_cross_a_network_run_and_are_judged()
         missed[0] == f"{64 << 10} B: tcp put/mooncake<1 tcp get/mooncake<1 tcp get/tcp-socket<0.9"
     )
     assert missed[1].endswith(" tcp put/tcp-socket<0.9")  # from 256 KiB
+
+
+def test_the_vllm_suites_node_serves_from_its_namespace_and_is_reached_from_the_other(tmp_path):
+    """`kvstore-bench vllm --hosts netns`: the node listens on the node side's address,
+    started under `ip netns exec`; the client side reads from it over the tcp plane."""
+    from kvstore.bench.vllm import dataplane_get_gbps
+    from kvstore.bench.vllm_systems import System
+
+    node = System("kvstore", "kvstore", ".venv", is_shared=True)
+    with hosts.netns_pair() as where, node.serve(tmp_path, where) as server:
+        store = str(server["store"])
+        assert store.startswith(f"{where.node_addr}:")
+        ends = hosts.call_from(where.client_ns, _ends, (where.node_addr, int(store.split(":")[1])))
+        gbps = dataplane_get_gbps(store, 64 << 10, where)
+    assert ends == (where.client_addr, where.node_addr)
+    assert gbps > 0
+
+
+def test_a_command_runs_in_the_side_it_is_meant_for():
+    where = hosts.Hosts("netns", "n", "c", "10.0.0.1", "10.0.0.2")
+    assert where.client_command(["x"]) == ["ip", "netns", "exec", "c", "x"]
+    assert where.node_command(["x"]) == ["ip", "netns", "exec", "n", "x"]
+    assert hosts.ONE_HOST.client_command(["x"]) == ["x"]
