@@ -1,7 +1,8 @@
-"""`python -m kvstore.bench.dataplane_profile`: where the CPU of a get over loopback TCP goes.
+"""`python -m kvstore.bench.dataplane_profile`: where the CPU of a get (or a put) over loopback
+TCP goes.
 
-For each system and block size, a peer (or a kvstore node) and a driver getting batches of
-64 blocks from it in a loop, as `kvstore-bench dataplane` runs them; once the driver is
+For each system and block size, a peer (or a kvstore node) and a driver getting (or putting)
+batches of 64 blocks in a loop, as `kvstore-bench dataplane` runs them; once the driver is
 past its warm-up, `perf record` samples both processes (every thread) for a window, and
 the loopback interface counts the bytes they moved meanwhile. Each row: the window's
 GB/s, the cores the two processes kept busy, and their CPU per GB moved, split by where it
@@ -12,7 +13,7 @@ A system's bandwidth is the cores it keeps busy over its CPU per GB: the row sho
 that CPU is spent on, so which part of a ceiling is the transport's own. Needs `perf`
 (Debian's `linux-perf`) and root or `kernel.perf_event_paranoid` <= 1.
 
-    python -m kvstore.bench.dataplane_profile --sizes 64K,256K,1M --seconds 3
+    python -m kvstore.bench.dataplane_profile --sizes 64K,256K,1M --seconds 3 [--op put]
 """
 
 from __future__ import annotations
@@ -94,18 +95,19 @@ def _system(name: str) -> Iterator[tuple[list[int], Callable[[], Any], dict]]:
             yield [pid], functools.partial(peers.drive_kvstore, address, transport), env
 
 
-def _drive_forever(drive: Callable[..., Any], size: int) -> None:
-    drive([("get", size, BATCH)], 1 << 30)  # killed once the window closes
+def _drive_forever(drive: Callable[..., Any], op: str, size: int) -> None:
+    drive([(op, size, BATCH)], 1 << 30)  # killed once the window closes
 
 
-def profile(name: str, size: int, seconds: float, workdir: Path) -> Row:
-    """One row: `name`'s gets of 64 x `size` bytes, sampled for `seconds` once warm."""
+def profile(name: str, size: int, seconds: float, workdir: Path, op: str = "get") -> Row:
+    """One row: `name`'s `op`s (get or put) of 64 x `size` bytes, sampled for `seconds`
+    once warm."""
     with _system(name) as (pids, drive, env):
         start = _loopback_now()
-        driver = dataplane._spawn(_drive_forever, drive, size, env=env)
+        driver = dataplane._spawn(_drive_forever, drive, op, size, env=env)
         try:
             _wait_warm(start, WARM_BATCHES * BATCH * size, driver)
-            data = workdir / f"{name}-{size}.data"
+            data = workdir / f"{name}-{op}-{size}.data"
             # Samples span perf's whole run (it starts sampling before its command and
             # stops after): the bytes and the window are counted around all of it.
             targets = ",".join(str(p) for p in [*pids, driver.pid])
@@ -116,7 +118,7 @@ def profile(name: str, size: int, seconds: float, workdir: Path) -> Row:
         finally:
             driver.kill()
     samples = _samples(data)
-    return row_of(name, size, samples, moved, window_s)
+    return {"op": op, **row_of(name, size, samples, moved, window_s)}
 
 
 def _wait_warm(start: int, nbytes: int, driver: Any) -> None:
@@ -167,6 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"of {','.join(SYSTEMS)}")
     parser.add_argument("--sizes", default="64K,256K,1M", help="block sizes, comma-separated")
     parser.add_argument("--seconds", type=float, default=3.0, help="the sampled window")
+    parser.add_argument("--op", choices=("get", "put"), default="get", help="what is driven")
     parser.add_argument("--json", type=Path, default=None, help="write the rows as JSON")
     args = parser.parse_args(argv)
     if shutil.which("perf") is None:
@@ -180,9 +183,9 @@ def main(argv: list[str] | None = None) -> None:
     ):
         for size in sizes:
             for name in systems:
-                rows.append(profile(name, size, args.seconds, Path(tmp)))
+                rows.append(profile(name, size, args.seconds, Path(tmp), args.op))
                 advance(1)
-    print_table(rows, "CPU per GB of gets, batches of 64 (cpu s / GB by where it ran)")
+    print_table(rows, f"CPU per GB of {args.op}s, batches of 64 (cpu s / GB by where it ran)")
     if args.json:
         write_json(rows, args.json)
 
