@@ -68,6 +68,7 @@ class System:
     needs_gpu: bool = False  # vLLM refuses it on CPU
     connector_extra: tuple[tuple[str, object], ...] = ()  # settings of its connector
     server_flags: tuple[str, ...] = ()  # settings of its server (LMCache's); `{port}` is its port
+    one_host_flags: tuple[str, ...] = ()  # more, where the server is on vLLM's host
     by_default: bool = True  # in the sweep without --systems
     # Moves KV through /dev/shm, which a network namespace does not separate: across the
     # namespaces of `--hosts netns` it would cross no network, so it runs on one host only.
@@ -97,17 +98,20 @@ class System:
             with _server(cmd, port, log, where):
                 yield {"store": f"{host}:{port}"}
         elif self.connector == "lmcache":
-            with _server(self.lmcache_command(port, host), port, log, where):
+            cmd = self.lmcache_command(port, host, one_host=where.node_ns is None)
+            with _server(cmd, port, log, where):
                 yield {"lmcache_host": host, "lmcache_port": port}
         else:
             yield {}
 
-    def lmcache_command(self, port: int, host: str = LOOPBACK) -> list[str]:
-        """LMCache's MP server on `host`:`port`, with this system's settings."""
+    def lmcache_command(self, port: int, host: str = LOOPBACK, one_host: bool = True) -> list[str]:
+        """LMCache's MP server on `host`:`port`, with this system's settings (and those for
+        a server on vLLM's host, if `one_host`)."""
         lmcache = str(ROOT / self.venv / "bin" / "lmcache")
         cmd = [lmcache, "server", "--host", host, "--port", str(port)]
-        flags = [flag.format(port=port) for flag in self.server_flags]
-        return [*cmd, "--l1-size-gb", "8", "--eviction-policy", "LRU", *flags]
+        flags = (*self.server_flags, *(self.one_host_flags if one_host else ()))
+        cmd += ["--l1-size-gb", "8", "--eviction-policy", "LRU"]
+        return [*cmd, *(flag.format(port=port) for flag in flags)]
 
 
 # LMCache's MP server: vLLM on CPU registers its KV caches for engine-driven transfers only
@@ -115,10 +119,29 @@ class System:
 # every variant supports them; the chunk size is LMCache's default, 256, which loaded
 # faster here than 128 (docs/benchmarks/vllm.md, "LMCache's settings").
 LMCACHE_FLAGS = ("--supported-transfer-mode", "engine_driven", "--chunk-size", "256")
+# On vLLM's host, engine-driven transfers go through LMCache's shared-memory L1 pool; without
+# both flags (or across hosts) they are pickled into ZMQ messages
+# (lmcache/v1/multiprocess/engine_context.py, modules/server_transfer.py).
+SHM_POOL_FLAGS = ("--shm-name", "kvbench-lmcache-{port}", "--no-l1-use-lazy")
 SYSTEMS = (
     System("recompute", "recompute", ".venv-vllm", is_shared=False),
-    System("lmcache", "lmcache", ".venv-lmcache", is_shared=True, server_flags=LMCACHE_FLAGS),
-    # The settings tried beside it (`--systems lmcache,lmcache-128,lmcache-auto`).
+    System(
+        "lmcache",
+        "lmcache",
+        ".venv-lmcache",
+        is_shared=True,
+        server_flags=LMCACHE_FLAGS,
+        one_host_flags=SHM_POOL_FLAGS,
+    ),
+    # The settings tried beside it (`--systems lmcache,lmcache-pickle,...`), all pickling.
+    System(
+        "lmcache-pickle",
+        "lmcache",
+        ".venv-lmcache",
+        is_shared=True,
+        server_flags=LMCACHE_FLAGS,
+        by_default=False,
+    ),
     System(
         "lmcache-128",
         "lmcache",
@@ -141,17 +164,6 @@ SYSTEMS = (
             "2",
         ),
         by_default=False,
-    ),
-    # Engine-driven transfers through LMCache's shared-memory L1 pool instead of pickled
-    # ZMQ messages: both flags are needed (lmcache/v1/multiprocess/engine_context.py).
-    System(
-        "lmcache-shm",
-        "lmcache",
-        ".venv-lmcache",
-        is_shared=True,
-        server_flags=(*LMCACHE_FLAGS, "--shm-name", "kvbench-lmcache-{port}", "--no-l1-use-lazy"),
-        by_default=False,
-        one_host_only=True,
     ),
     # The server maps vLLM's own KV pages (moved to POSIX shm) and copies them itself: asked
     # for on vLLM's side, since on CPU its `auto` picks engine-driven.

@@ -59,11 +59,14 @@ def test_every_lmcache_server_takes_engine_driven_transfers_and_the_default_its_
     assert not any(s.by_default for name, s in lmcache.items() if name != "lmcache")
 
 
-def test_lmcache_shm_names_a_pool_of_its_own_and_zero_copy_is_asked_for_on_vllms_side():
+def test_lmcache_takes_its_shared_memory_pool_on_one_host_only_and_zero_copy_is_vllms_ask():
     lmcache = {s.name: s for s in SYSTEMS if s.connector == "lmcache"}
-    cmd = lmcache["lmcache-shm"].lmcache_command(4321)
+    cmd = lmcache["lmcache"].lmcache_command(4321)
     assert cmd[cmd.index("--shm-name") + 1] == "kvbench-lmcache-4321"
     assert "--no-l1-use-lazy" in cmd  # without it the server keeps pickling
+    across = lmcache["lmcache"].lmcache_command(4321, "10.0.0.1", one_host=False)
+    assert "--shm-name" not in across and across[across.index("--host") + 1] == "10.0.0.1"
+    assert "--shm-name" not in lmcache["lmcache-pickle"].lmcache_command(4321)
     zero_copy = lmcache["lmcache-zero-copy"]
     spec = {"connector": "lmcache", "lmcache_port": 4321}
     config = kv_transfer_config(spec | {"connector_extra": dict(zero_copy.connector_extra)})
@@ -73,10 +76,8 @@ def test_lmcache_shm_names_a_pool_of_its_own_and_zero_copy_is_asked_for_on_vllms
     assert extra["lmcache.mp.port"] == 4321
 
 
-def test_across_namespaces_the_systems_that_move_kv_through_dev_shm_do_not_run():
-    """/dev/shm is one for every network namespace: across them those would cross nothing."""
-    lmcache = {s.name: s for s in SYSTEMS if s.connector == "lmcache"}
-    for name in ("lmcache-shm", "lmcache-zero-copy"):
-        assert not kvstore.bench.vllm._usable(lmcache[name], across=True)
+def test_across_namespaces_what_moves_kv_through_dev_shm_does_not_run():
+    """/dev/shm is one for every network namespace: across them it would cross nothing."""
     one_host = [s for s in SYSTEMS if s.one_host_only]
-    assert {s.name for s in one_host} == {"lmcache-shm", "lmcache-zero-copy"}
+    assert [s.name for s in one_host] == ["lmcache-zero-copy"]
+    assert not kvstore.bench.vllm._usable(one_host[0], across=True)
