@@ -185,10 +185,8 @@ def dataplane_get_gbps(address: str, size: int, where: Hosts = ONE_HOST) -> floa
     host, else the tcp plane): median GB/s of DATAPLANE_GETS calls."""
     cell = ("get", size, 64)
     transport = "shm" if where.client_ns is None else "tcp"
-    drive = peers.drive_kvstore
-    times = hosts.call_from(where.client_ns, drive, address, transport, [cell], DATAPLANE_GETS)[
-        cell
-    ]
+    drive = (peers.drive_kvstore, address, transport, [cell], DATAPLANE_GETS)
+    times = hosts.call_from(where.client_ns, *drive)[cell]
     return round(64 * size / statistics.median(times) / 1e9, 3)
 
 
