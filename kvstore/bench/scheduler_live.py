@@ -25,7 +25,9 @@ the conductor (arrival to first token out), TBT the mean gap after the first tok
 decode load the mean decode KV utilisation in the conductor's view sampled every
 `SAMPLE_S`; then `ttft_pred_err_p50_s`/`_p90_s` (|predicted - measured|),
 `ttft_pred_rel_err_p50` (the same over measured) and `ttft_pred_bias_s` (mean predicted -
-measured) over served requests; `prefill_speed_factor` and `decode_speed_factor`, what the
+measured) over served requests; `unrecorded`, requests sent that the conductor turned away
+before its policy saw them (none in a valid run: each counts against the verdict);
+`prefill_speed_factor` and `decode_speed_factor`, what the
 conductor measured the engines to take over the profile's time by the end of the run (its
 predictions are the profile's scaled by them).
 """
@@ -48,6 +50,7 @@ from kvstore.bench import verdict
 from kvstore.bench.options import SuiteArgs
 from kvstore.bench.report import Row, progress_bar
 from kvstore.bench.suites import SuiteOptions
+from kvstore.bounds import StreamSettings
 from kvstore.conductor import SLO, CostProfile, resolve_profile
 from kvstore.conductor.front.completion import CompletionOutcome
 from kvstore.conductor.front.config import ConductorConfig
@@ -172,9 +175,12 @@ async def _replay(
     """The outcomes, the decode-load samples, and the row's counts: the hot-block copies the
     policy had the engines make (`replications` done, `replicated_blocks` they loaded) and
     the engines' measured speed factors (`kvstore.conductor.front.speed`)."""
+    # The replay is one client standing in for every user of the trace: its streams are
+    # bounded by the run, not by one user's share.
+    streams = StreamSettings(max_streams_per_client=len(requests), max_streams=len(requests))
     config = ConductorConfig(
         engines=",".join(procs.engines), store=procs.store, policy=policy, port=0, grpc_port=-1,
-        ttft_slo_s=slo.ttft_s, tbt_slo_ms=slo.tbt_s * 1000, model=model,
+        ttft_slo_s=slo.ttft_s, tbt_slo_ms=slo.tbt_s * 1000, model=model, streams=streams,
     )  # fmt: skip
     server = await ConductorServer(config, profile).start()
     outcomes: list[CompletionOutcome] = []
@@ -255,6 +261,7 @@ def _row(
             o.rejected is None and not o.finish_reason.startswith(("length", "stop"))
             for o in outcomes
         ),
+        "unrecorded": len(requests) - len(outcomes),  # sent, but no outcome: turned away early
         "live_model": model,
         "ttft_slo_s": slo.ttft_s,
         "tbt_slo_ms": slo.tbt_s * 1000,
@@ -302,6 +309,11 @@ def failures(rows: Sequence[Row]) -> list[str]:
     admitted, or predicting TTFT off by 20% of the measured or more at the median."""
     by = {str(r["policy"]): r for r in rows}
     out = [f"unmeasured: no row of {p}" for p in COMPARED if p not in by]
+    out += [
+        f"unmeasured: {p} left {r['unrecorded']} requests without an outcome"
+        for p, r in by.items()
+        if r.get("unrecorded")
+    ]
     if OURS not in by:
         return out
     ours = by[OURS]

@@ -50,3 +50,11 @@ def test_live_targets_fail_when_missed_or_unmeasured():
     assert live.failures(unmeasured) == [
         "unmeasured: cache-aware-predictive served nothing whose TTFT it predicted"
     ]
+
+
+def test_requests_turned_away_before_the_policy_leave_the_run_unmeasured():
+    rows = [_live_row(p) | {"unrecorded": 0} for p in live.COMPARED]
+    assert live.failures(rows) == []
+    rows[0]["unrecorded"] = 68  # e.g. 429 too_many_streams: no outcome, no policy decision
+    assert live.failures(rows) == ["unmeasured: round-robin left 68 requests without an outcome"]
+    assert live.exit_status(rows) == 1
