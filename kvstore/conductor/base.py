@@ -64,10 +64,11 @@ class SchedulingPolicy(ABC):
         """Where `request` runs, or why it is refused."""
 
     def observe_output(  # noqa: B027 - most policies learn nothing
-        self, output_len: int, input_len: int | None = None
+        self, output_len: int, input_len: int | None = None, ended: bool = True
     ) -> None:
         """A request finished with `output_len` output tokens; `input_len` is its prompt's
-        length where the caller knows it."""
+        length where the caller knows it; `ended` False: its output was cut there by its
+        `max_tokens`, and would have run longer."""
 
     def replications(self, view: ClusterView) -> Sequence[Replication]:
         """Hot blocks to copy now; none unless the policy replicates."""

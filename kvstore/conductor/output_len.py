@@ -7,6 +7,11 @@ has finished). The same window gives survival curves, P(L > x) for every x, over
 prompts and by prompt-length octave (a prompt's length says something of its output's: long
 documents get short answers), which the decode-memory prediction replays sequences with
 (`DecodeLoadPredictor.room`).
+
+An output cut short by its request's `max_tokens` did not end: its own length would have
+been longer. It is observed as cut (`observe(..., ended=False)`) and counted as the running
+sequences are, only known to be longer than it got; taken as an end instead, a front whose
+clients ask for a few tokens would learn that every output is that short.
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ class OutputLenEstimator:
         self._prior_len = prior_len
         self._window: deque[int] = deque(maxlen=window)
         self._octaves: deque[int] = deque(maxlen=window)  # prompt octave of each, -1 unknown
-        self._seen: list[tuple[int, int]] = []  # (output, octave) at the refresh
+        self._ended: deque[bool] = deque(maxlen=window)  # False: cut short by max_tokens
+        self._seen: list[tuple[int, int, bool]] = []  # (output, octave, ended) at the refresh
         self._refresh_every = refresh_every
         self._since_refresh = 0
         self._sorted: list[int] = []
@@ -42,10 +48,12 @@ class OutputLenEstimator:
         self._running_prompts = np.zeros(0, dtype=np.int64)  # and their prompt tokens
         self._table: SurvivalTable | None = None  # built on first use after each change
 
-    def observe(self, output_len: int, prompt_len: int | None = None) -> None:
-        """Records a finished request's output length, and its prompt's length if known."""
+    def observe(self, output_len: int, prompt_len: int | None = None, ended: bool = True) -> None:
+        """Records a finished request's output length, and its prompt's length if known;
+        `ended` False: its output was cut at that length (`max_tokens`), not ended there."""
         self._window.append(output_len)
         self._octaves.append(-1 if prompt_len is None else int(prompt_octave(prompt_len)))
+        self._ended.append(ended)
         self._since_refresh += 1
         if self._since_refresh >= self._refresh_every or len(self._window) < self._refresh_every:
             self._refresh()
@@ -53,7 +61,7 @@ class OutputLenEstimator:
     def _refresh(self) -> None:
         self._sorted = sorted(self._window)
         self._suffix = [*reversed(list(accumulate(reversed(self._sorted)))), 0]
-        self._seen = list(zip(self._window, self._octaves, strict=True))
+        self._seen = list(zip(self._window, self._octaves, self._ended, strict=True))
         self._since_refresh = 0
         self._table = None
 
@@ -64,6 +72,8 @@ class OutputLenEstimator:
 
     def quantile(self, q: float) -> float:
         """The `q`-quantile of the observed output lengths (the prior before any); at least 1.
+        Where some were cut short, the Kaplan-Meier quantile of the survival curve over all
+        prompts, which counts them (and the sequences running) as longer than they got.
 
         Raises:
             ValueError: `q` outside 0..1.
@@ -72,7 +82,13 @@ class OutputLenEstimator:
             raise ValueError(f"quantile must be in 0..1: {q}")
         if not self._sorted:
             return float(self._prior_len)
-        return float(max(1, self._sorted[min(len(self._sorted) - 1, int(q * len(self._sorted)))]))
+        n = len(self._sorted)
+        k = min(n - 1, int(q * n))  # the k-th shortest: P(L <= x) reaches (k + 1) / n
+        if all(ended for _, _, ended in self._seen):
+            return float(max(1, self._sorted[k]))
+        curve = self.survival()
+        reached = np.flatnonzero(curve <= 1 - (k + 1) / n + 1e-9)
+        return float(max(1, reached[0] if reached.size else len(curve) - 1))
 
     def remaining(self, generated: int) -> float:
         """Expected tokens still to come for a sequence that generated `generated`; at least 1."""
@@ -109,20 +125,23 @@ class OutputLenEstimator:
         return self._table
 
     def _kaplan_meier(self) -> SurvivalTable:
-        seen = np.array(self._seen, dtype=np.int64).reshape(-1, 2)
-        ends, octaves = seen[:, 0], seen[:, 1]
-        if not ends.size and not self._running.size:
+        seen = np.array(self._seen, dtype=np.int64).reshape(-1, 3)
+        cut = seen[:, 2] == 0  # cut short: known only to be longer, as a running sequence
+        ends, octaves = seen[~cut, 0], seen[~cut, 1]
+        if not seen.size and not self._running.size:
             ends, octaves = np.array([self._prior_len]), np.array([-1])
-        run_octaves = prompt_octave(self._running_prompts)
-        size = int(max(ends.max(initial=0), self._running.max(initial=0))) + 2
+        longer = np.concatenate([self._running, seen[cut, 0]])
+        run_octaves = np.concatenate([prompt_octave(self._running_prompts), seen[cut, 1]])
+        size = int(max(ends.max(initial=0), longer.max(initial=0))) + 2
         rows = int(max(octaves.max(initial=0), run_octaves.max(initial=0))) + 2  # + unknown
         octaves = np.where(octaves < 0, rows - 1, octaves)
+        run_octaves = np.where(run_octaves < 0, rows - 1, run_octaves)
 
         def counts(values: np.ndarray, at: np.ndarray) -> np.ndarray:
             return np.bincount(at * size + values, minlength=rows * size).reshape(rows, size)
 
         died = counts(ends, octaves)  # (octave, x): outputs of exactly x tokens
-        running = counts(self._running, run_octaves)
+        running = counts(longer, run_octaves)
         known = died.sum(axis=1) >= self.min_octave_outputs
         known[-1] = False  # outputs observed without their prompt length
         died = np.vstack([died.sum(axis=0), died])  # row 0: all prompts

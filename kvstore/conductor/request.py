@@ -14,6 +14,8 @@ class SchedRequest(NamedTuple):
         input_len: prompt tokens.
         hash_ids: chained prefix ids of its full and last blocks, one per `block_tokens`.
         priority: llm-d's notion: below `SHEDDABLE_BELOW` the request may be shed.
+        max_output: the most output tokens its client asked for (`max_tokens`), None where
+            not said: the output is at most that, though how long is still unknown.
     """
 
     request_id: int
@@ -21,3 +23,4 @@ class SchedRequest(NamedTuple):
     input_len: int
     hash_ids: tuple[int, ...]
     priority: int = 0
+    max_output: int | None = None

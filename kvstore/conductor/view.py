@@ -118,3 +118,8 @@ class ClusterView(ABC):
     @abstractmethod
     def pool_prefix(self, hash_ids: Sequence[int], start: int = 0) -> int:
         """How many of ``hash_ids[start:]``, from the first, the global pool holds."""
+
+    def handoff_s(self, input_len: int, compute_s: float) -> float:
+        """From a request's first token (its prefill's end) to its KV on its decode
+        instance: the cost model's (`CostModel.handoff_s`) unless the view measures it."""
+        return self.cost.handoff_s(input_len, compute_s)

@@ -87,6 +87,25 @@ def test_output_quantile() -> None:
         est.quantile(1.5)
 
 
+def test_outputs_cut_by_max_tokens_count_as_longer() -> None:
+    # Half the outputs ended at 10 tokens; the other half were cut at 4 by their max_tokens,
+    # so they say only that their outputs run past 4. Taken as ends, the median would be 4.
+    est = OutputLenEstimator(refresh_every=1)
+    for _ in range(32):
+        est.observe(10)
+        est.observe(4, ended=False)
+    assert est.survival()[4] == 1.0 and est.survival()[10] == 0.0  # none ends before 10
+    assert est.quantile(0.5) == 10.0
+    cut_only = OutputLenEstimator(refresh_every=1)
+    for _ in range(8):
+        cut_only.observe(4, prompt_len=100, ended=False)
+    assert cut_only.quantile(0.05) == 5.0  # longer than anything seen
+    ended = OutputLenEstimator(refresh_every=1)
+    for n in (1, 2, 3, 4):
+        ended.observe(n)
+    assert [ended.quantile(q) for q in (0, 0.25, 0.5, 0.99)] == [1.0, 2.0, 3.0, 4.0]
+
+
 def _predictive(outputs: list[int]) -> object:
     policy = make_scheduling_policy(
         "cache-aware-predictive", PolicyContext(COST, SLO(ttft_s=5.0, tbt_s=0.2))

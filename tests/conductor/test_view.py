@@ -248,10 +248,38 @@ def test_predictive_admission_refuses_a_second_decoding_sequence_over_the_tbt_sl
     policy = _policy("cache-aware-predictive", SLO(30.0, 0.025))
     decision = policy.decide(_request(list(range(20))), cluster)
     assert isinstance(decision, Reject) and decision.reason is RejectReason.TBT
-    assert decision.predicted == pytest.approx(0.03) and decision.limit == 0.025
+    # Two sequences, 10 + 2 x 10 ms a step, and the whole handoff (nothing timed: at the
+    # profile's speed) spread over the 255 steps after the first of the prior's output.
+    handoff_s = CostModel(PROFILE).kv_transfer_s(20)
+    assert decision.predicted == pytest.approx(0.03 + handoff_s / 255)
+    assert decision.limit == 0.025
     assert decision.retry_after_s is not None and decision.retry_after_s >= 0
     cluster.decodes[0].finish(0)
     assert isinstance(policy.decide(_request(list(range(20))), cluster), Accept)
+
+
+def test_the_live_handoff_is_the_whole_transfer_at_its_measured_speed():
+    cluster = _cluster(speed_window=8)
+    transfer_s = CostModel(PROFILE).kv_transfer_s(640)
+    assert cluster.handoff_s(640, compute_s=1.0) == pytest.approx(transfer_s)  # no overlap
+    cluster.observe_handoff(1.0, 4 * CostModel(PROFILE).kv_transfer_s(100), 100)
+    assert cluster.handoff_s(640, 1.0) == pytest.approx(4 * transfer_s)
+    cluster.forget_speed()  # the warm-up's cold round
+    assert cluster.handoff_s(640, 1.0) == pytest.approx(transfer_s)
+
+
+def test_predictive_admission_spreads_the_handoff_over_the_output_its_client_allows():
+    cluster = _cluster(speed_window=8)
+    cluster.observe_handoff(0.0, 0.2, 20)  # 200 ms from first token to the decode engine's
+    policy = _policy("cache-aware-predictive", SLO(30.0, 0.04))
+    short = _request(list(range(20)))._replace(max_output=3)
+    refused = policy.decide(short, cluster)  # a 20 ms step and 200 ms over 2 gaps
+    assert isinstance(refused, Reject) and refused.reason is RejectReason.TBT
+    assert refused.predicted == pytest.approx(0.02 + 0.2 / 2)
+    long = _request(list(range(20)), 1)._replace(max_output=64)
+    admitted = policy.decide(long, cluster)  # 200 ms over 63 gaps
+    assert isinstance(admitted, Accept)
+    assert admitted.predicted_tbt_s == pytest.approx(0.02 + 0.2 / 63)
 
 
 def test_round_robin_takes_prefill_engines_in_turn():

@@ -170,7 +170,13 @@ class Conductor:
         num_pooled = await self._pool_match(blocks)
         self.cluster.snapshot(self.now_s())
         self.cluster.set_pool_match(blocks.hash_ids, num_pooled)
-        sched = SchedRequest(request_id, arrival_s, len(request.prompt_token_ids), blocks.hash_ids)
+        sched = SchedRequest(
+            request_id,
+            arrival_s,
+            len(request.prompt_token_ids),
+            blocks.hash_ids,
+            max_output=request.max_tokens,
+        )
         with _policy_slo(self.policy, request.slo):
             decision = self.policy.decide(sched, self.cluster)
         replications = self.policy.replications(self.cluster)
@@ -278,7 +284,7 @@ class Conductor:
             blocks.hash_ids[: blocks.num_full],
         )
         decode = a.prefill if self.roles.is_colocated else a.decode
-        handoff_s = self.cluster.cost.handoff_s(sched.input_len, plan.compute_s)
+        handoff_s = self.cluster.handoff_s(sched.input_len, plan.compute_s)
         reach_s = sched.arrival_s + ahead_s + plan.seconds + handoff_s
         self.cluster.decodes[decode].expect(sched.request_id, reach_s, sched.input_len)
         accept = a._replace(decode=decode)
@@ -348,7 +354,9 @@ class Conductor:
                 if msg.token_ids:  # the engine runs it (the repeated first token included)
                     dview.advance(t.request_id, len(new))
                     now_s = self.now_s()
-                    if last_s is not None and new:
+                    if last_s is None:  # the KV is in: the handoff is over
+                        self.cluster.observe_handoff(now_s, now_s - t.first_token_s, t.input_len)
+                    elif new:
                         self.cluster.observe_decode(
                             t.accept.decode, now_s, now_s - last_s, len(new)
                         )
@@ -385,7 +393,8 @@ class Conductor:
         if t.finish_reason in ("", PREFILL_DONE):  # the stream stopped before its end
             t.finish_reason = "cancelled"
         if not t.finish_reason.startswith(("error", "cancelled")) and not t.is_probe:
-            self.policy.observe_output(len(t.tokens))
+            ended = t.finish_reason != "length"  # else cut by max_tokens: it ran on
+            self.policy.observe_output(len(t.tokens), t.input_len, ended)
         t.outcome = self._outcome(t)
         if not t.is_probe:
             self._emit(t.outcome)

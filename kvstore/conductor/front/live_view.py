@@ -21,6 +21,9 @@ conductor's own bookkeeping, so the same policy objects decide live as in the si
   prefill from busy time per first token, decode from the gaps between streamed tokens),
   set at each `snapshot`. The view's `cost` is the model policies were built with, so they
   predict with the measured speed too.
+- The handoff (`handoff_s`): from a request's first token to the decode engine's first
+  message, the whole transfer of its KV at the speed measured over recent handoffs
+  (`observe_handoff`).
 
 Block ids: the engine namespace's block keys (`kvstore.keys.block_keys`, the keys engines
 publish under) as 64-bit ints, one per full block, plus one id for a trailing partial block
@@ -215,6 +218,7 @@ class LiveCluster(ClusterView):
         self.decodes = list(decodes)
         self.prefill_speed = SpeedRatio(speed_window, speed_max_age_s)
         self.decode_speed = SpeedRatio(speed_window, speed_max_age_s)
+        self.handoff_speed = SpeedRatio(speed_window, speed_max_age_s)
         self._speeds = (1.0, 1.0)  # the factors the cost model is scaled by
         for p in self.prefills:
             p.speed = self.prefill_speed
@@ -239,6 +243,7 @@ class LiveCluster(ClusterView):
         window, max_age_s = self.prefill_speed.window, self.prefill_speed.max_age_s
         self.prefill_speed = SpeedRatio(window, max_age_s)
         self.decode_speed = SpeedRatio(window, max_age_s)
+        self.handoff_speed = SpeedRatio(window, max_age_s)
         for p in self.prefills:
             p.speed = self.prefill_speed
 
@@ -253,6 +258,19 @@ class LiveCluster(ClusterView):
         load = current_load(self.decodes[decode])
         step_s = self._base_cost.decode_step_s(max(1, load.num_seqs), load.context_tokens)
         self.decode_speed.observe(now_s, gap_s, num_tokens * step_s)
+
+    def observe_handoff(self, now_s: float, handoff_s: float, input_len: int) -> None:
+        """At `now_s`, a decode engine streamed its first message for a request of
+        `input_len` prompt tokens, `handoff_s` after the request's first token."""
+        self.handoff_speed.observe(now_s, handoff_s, self._base_cost.kv_transfer_s(input_len))
+
+    def handoff_s(self, input_len: int, compute_s: float) -> float:
+        """The whole transfer of the prompt's KV at the measured speed: these engines
+        publish a prompt's KV once it is computed and the decode engine loads it before its
+        first step, so none of it overlaps the prefill (`CostModel.handoff_s` assumes
+        layer-wise transfer, which does)."""
+        factor = self.handoff_speed.factor(self._now_s)
+        return factor * self._base_cost.kv_transfer_s(input_len)
 
     def set_pool_match(self, hash_ids: Sequence[int], num_matched: int) -> None:
         """The store holds the first `num_matched` of `hash_ids` (this snapshot only)."""

@@ -16,6 +16,9 @@ conductor itself sees, each the ratio of measured to predicted time over recent 
 - decode: the gap between two messages of a decoding request is one step (or as many as
   the tokens it carried) of the batch the engine holds then; over the profile's step time
   of that batch, summed over recent gaps, it is the factor.
+- handoff: from a request's first token to its decode engine's first message (the KV
+  published, the decode call made, the KV loaded), over the profile's time to move the
+  prompt's KV.
 
 Both are plain ratios of sums over the last `WINDOW` observations, 1.0 before the first:
 they follow a machine whose load changes within a few dozen requests, and one slow request

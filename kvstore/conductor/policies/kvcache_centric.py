@@ -61,9 +61,9 @@ class CacheAwarePolicy(SchedulingPolicy):
         chosen = ttft.best(estimates)
         if self.admits and chosen.ttft_s > self.ctx.slo.ttft_s:
             return self._reject_ttft(chosen)
-        handoff_s = view.cost.handoff_s(request.input_len, chosen.plan.compute_s)
+        handoff_s = view.handoff_s(request.input_len, chosen.plan.compute_s)
         reach_s = view.now_s + chosen.ttft_s + handoff_s
-        decode, tbt_s, rejection = self._place_decode(request, view, reach_s)
+        decode, tbt_s, rejection = self._place_decode(request, view, reach_s, handoff_s)
         if self.admits and self.tests_decode and rejection is not None:
             return rejection
         self.replicator.record(request.hash_ids, chosen.instance, view)
@@ -71,17 +71,20 @@ class CacheAwarePolicy(SchedulingPolicy):
         arrivals.record(view.now_s, reach_s, request.input_len)
         return Accept(chosen.instance, decode, chosen.ttft_s, tbt_s)
 
-    def observe_output(self, output_len: int, input_len: int | None = None) -> None:
-        self.predictor.outputs.observe(output_len, input_len)
+    def observe_output(
+        self, output_len: int, input_len: int | None = None, ended: bool = True
+    ) -> None:
+        self.predictor.outputs.observe(output_len, input_len, ended)
 
     def replications(self, view: ClusterView) -> Sequence[Replication]:
         return self.replicator.take()
 
     def _place_decode(
-        self, request: SchedRequest, view: ClusterView, reach_s: float
+        self, request: SchedRequest, view: ClusterView, reach_s: float, handoff_s: float
     ) -> tuple[int, float, Reject | None]:
-        """The decode instance for `request` (reaching decode at `reach_s`), its predicted
-        TBT, and the rejection its check predicts."""
+        """The decode instance for `request` (reaching decode at `reach_s`, `handoff_s` after
+        its first token), its predicted TBT, and the rejection its check predicts; the
+        current-load test predicts the step alone."""
         loads = [current_load(d).plus(request.input_len) for d in view.decode]
         decode = min(range(len(loads)), key=lambda i: (self.predictor.step_s(loads[i]), i))
         tbt_s = self.predictor.step_s(loads[decode])
@@ -168,10 +171,10 @@ class CacheAwarePredictivePolicy(CacheAwarePolicy):
         return dict(self._counts)
 
     def _place_decode(
-        self, request: SchedRequest, view: ClusterView, reach_s: float
+        self, request: SchedRequest, view: ClusterView, reach_s: float, handoff_s: float
     ) -> tuple[int, float, Reject | None]:
-        placed = self._place_predicted(request, view, reach_s)
-        current, _, current_reject = super()._place_decode(request, view, reach_s)
+        placed = self._place_predicted(request, view, reach_s, handoff_s)
+        current, _, current_reject = super()._place_decode(request, view, reach_s, handoff_s)
         self._counts["decode_tests"] += 1
         if (placed[2] is None) != (current_reject is None):
             key = "admitted_over_current" if current_reject else "refused_over_current"
@@ -181,9 +184,11 @@ class CacheAwarePredictivePolicy(CacheAwarePolicy):
         return placed
 
     def _place_predicted(
-        self, request: SchedRequest, view: ClusterView, reach_s: float
+        self, request: SchedRequest, view: ClusterView, reach_s: float, handoff_s: float
     ) -> tuple[int, float, Reject | None]:
         output_len = self.predictor.outputs.quantile(self.planned_output_quantile)
+        if request.max_output is not None:  # it cannot run longer than its client asked
+            output_len = min(output_len, request.max_output)
         self.predictor.outputs.censor(
             (s.generated, s.context_len - s.generated)
             for d in view.decode
@@ -200,7 +205,7 @@ class CacheAwarePredictivePolicy(CacheAwarePolicy):
         if all(d.refuses_when_busy for d in view.decode):
             return self._place_refusing(view, reach_s, rooms)
         tbts = [
-            self._predicted_tbt(d, r, reach_s, output_len)
+            self._predicted_tbt(d, r, reach_s, handoff_s, output_len)
             for d, r in zip(view.decode, rooms, strict=True)
         ]
         decode = min(range(len(rooms)), key=lambda i: (tbts[i], i))
@@ -247,15 +252,21 @@ class CacheAwarePredictivePolicy(CacheAwarePolicy):
         )
 
     def _predicted_tbt(
-        self, decode: DecodeView, room: DecodeRoom, reach_s: float, output_len: float
+        self,
+        decode: DecodeView,
+        room: DecodeRoom,
+        reach_s: float,
+        handoff_s: float,
+        output_len: float,
     ) -> float:
         """The mean time between tokens predicted on `decode`: infinite where the request
-        never fits, or would wait for room on an instance that refuses instead of queuing."""
+        never fits, or would wait for room on an instance that refuses instead of queuing.
+        The handoff counts as the wait does: the first gap after the first token is the
+        handoff's, and a short output spreads it over few steps."""
         if math.isinf(room.join_s) or (decode.refuses_when_busy and room.join_s > reach_s):
             return math.inf
-        # The handoff is left out, as in the current-load test: it overlaps the prefill
-        # for all but prompts loaded almost whole, and is short beside a decode.
-        return room.tbt_s(self.predictor.step_s(room.load), reach_s, 0.0, output_len)
+        step_s = self.predictor.step_s(room.load)
+        return room.tbt_s(step_s, reach_s, handoff_s, output_len)
 
     def _reject_tbt(
         self,
