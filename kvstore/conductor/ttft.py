@@ -2,10 +2,12 @@
 
 TTFT on an instance = queue time (predicted work queued there) + the time to load the
 cached blocks it lacks from the pool, when that beats recomputing them + the prefill time
-of the tokens still not cached. The estimate is the engine's own plan (`plan_prefill`), so
-the prediction and the work agree, made with the cache the request will find when it
-starts (`PrefillView.queued_prefix`): a multi-turn request queued behind its previous turn
-finds that turn's blocks there, though they are cached nowhere yet when it arrives.
+of the tokens still not cached + the latency every request pays on top, where the view
+measures one (`ClusterView.ttft_latency_s`). The estimate is the engine's own plan
+(`plan_prefill`), so the prediction and the work agree, made with the cache the request
+will find when it starts (`PrefillView.queued_prefix`): a multi-turn request queued behind
+its previous turn finds that turn's blocks there, though they are cached nowhere yet when
+it arrives.
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ class TTFTEstimate(NamedTuple):
     instance: int
     queue_s: float
     plan: PrefillPlan
+    latency_s: float = 0.0
 
     @property
     def ttft_s(self) -> float:
-        """Queue, transfer and compute."""
-        return self.queue_s + self.plan.seconds
+        """Queue, transfer, compute and latency."""
+        return self.queue_s + self.plan.seconds + self.latency_s
 
 
 def estimate(request: SchedRequest, view: ClusterView, instance: int) -> TTFTEstimate:
@@ -36,7 +39,7 @@ def estimate(request: SchedRequest, view: ClusterView, instance: int) -> TTFTEst
     local = pre.queued_prefix(request.hash_ids)
     pool = view.pool_prefix(request.hash_ids, local)
     plan = plan_prefill(view.cost, request.input_len, local, pool)
-    return TTFTEstimate(instance, pre.queued_s(), plan)
+    return TTFTEstimate(instance, pre.queued_s(), plan, view.ttft_latency_s)
 
 
 def estimate_all(request: SchedRequest, view: ClusterView) -> list[TTFTEstimate]:

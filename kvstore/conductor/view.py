@@ -119,6 +119,12 @@ class ClusterView(ABC):
     def pool_prefix(self, hash_ids: Sequence[int], start: int = 0) -> int:
         """How many of ``hash_ids[start:]``, from the first, the global pool holds."""
 
+    @property
+    def ttft_latency_s(self) -> float:
+        """What a request's first token takes beyond its queue and its prefill's plan (the
+        calls there and back): the view's measurement, 0 where it measures none."""
+        return 0.0
+
     def handoff_s(self, input_len: int, compute_s: float) -> float:
         """From a request's first token (its prefill's end) to its KV on its decode
         instance: the cost model's (`CostModel.handoff_s`) unless the view measures it."""

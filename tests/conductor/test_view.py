@@ -7,12 +7,13 @@ from __future__ import annotations
 import pytest
 
 from gpu_engine.config import EngineConfig
-from kvstore.conductor import SLO, Accept, PolicyContext, Reject, RejectReason
+from kvstore.conductor import SLO, Accept, PolicyContext, Reject, RejectReason, ttft
 from kvstore.conductor.cost_model import CostModel
 from kvstore.conductor.front.completion import CompletionOutcome
 from kvstore.conductor.front.conductor import Roles
 from kvstore.conductor.front.config import ConductorConfig
 from kvstore.conductor.front.http_api import parse_request
+from kvstore.conductor.front.latency import FixedLatency
 from kvstore.conductor.front.live_view import (
     LiveCluster,
     LiveDecode,
@@ -112,6 +113,38 @@ def test_the_speed_factor_is_measured_over_predicted_time_over_a_window():
     for bad in ({"window": -1}, {"max_age_s": 0.0}):
         with pytest.raises(ValueError):
             SpeedRatio(**bad)
+
+
+def test_the_latency_is_the_median_lateness_of_recent_first_tokens_never_below_zero():
+    late = FixedLatency(window=3, max_age_s=10.0)
+    assert late.seconds(0.0) == 0.0  # nothing seen
+    for at, measured in ((0.0, 0.5), (1.0, 0.13), (2.0, 0.11)):  # predicted 0.1 each
+        late.observe(at, measured, 0.1)
+    assert late.seconds(2.0) == pytest.approx(0.03)  # the stall at 0.0 moves it one place
+    late.observe(3.0, 0.05, 0.1)  # the window drops the first
+    assert late.seconds(3.0) == pytest.approx(0.01)
+    late.observe(4.0, 0.0, 0.1)
+    late.observe(5.0, 0.0, 0.1)
+    assert late.seconds(5.0) == 0.0  # early: a speed for the factor, no negative latency
+    assert late.seconds(20.0) == 0.0 and len(late) == 0  # expired
+    off = FixedLatency(window=0)
+    off.observe(0.0, 5.0, 1.0)
+    assert off.seconds(0.0) == 0.0 and len(off) == 0
+
+
+def test_the_predicted_ttft_counts_the_measured_latency():
+    cluster = _cluster(speed_window=8)
+    req = _request(list(range(20)))
+    before = ttft.estimate(req, cluster, 0)
+    for k in range(3):
+        cluster.observe_first_token(float(k), before.ttft_s + 0.04, before.ttft_s)
+    cluster.snapshot(3.0)
+    after = ttft.estimate(req, cluster, 0)
+    assert after.latency_s == pytest.approx(0.04)
+    assert after.ttft_s == pytest.approx(before.ttft_s + 0.04)
+    cluster.forget_speed()
+    cluster.snapshot(3.0)
+    assert ttft.estimate(req, cluster, 0).ttft_s == pytest.approx(before.ttft_s)
 
 
 def test_a_measured_slowdown_expires_so_a_conductor_that_refuses_everything_measures_again():

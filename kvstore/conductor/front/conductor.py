@@ -103,6 +103,7 @@ class Ticket:
     accept: Accept
     arrival_s: float
     predicted_ttft_s: float
+    predicted_work_s: float  # of that, the queue ahead and the prefill (no latency)
     tokens: list[int] = field(default_factory=list)
     first_token_s: float = float("nan")
     last_token_s: float = float("nan")
@@ -288,8 +289,10 @@ class Conductor:
         reach_s = sched.arrival_s + ahead_s + plan.seconds + handoff_s
         self.cluster.decodes[decode].expect(sched.request_id, reach_s, sched.input_len)
         accept = a._replace(decode=decode)
+        work_s = ahead_s + plan.seconds
+        latency_s = self.cluster.ttft_latency_s
         return Ticket(
-            sched.request_id, request, blocks, accept, sched.arrival_s, ahead_s + plan.seconds
+            sched.request_id, request, blocks, accept, sched.arrival_s, work_s + latency_s, work_s
         )
 
     async def run(self, ticket: Ticket) -> AsyncGenerator[CompletionChunk, None]:
@@ -323,6 +326,8 @@ class Conductor:
         async with contextlib.aclosing(self._generate(engine, t, 0)) as stream:
             async for msg in stream:
                 if msg.token_ids and not t.tokens:  # its compute is over: the first token is out
+                    now_s = self.now_s()
+                    self.cluster.observe_first_token(now_s, now_s - t.arrival_s, t.predicted_work_s)
                     self._prefill_over(t, served=True)
                     if self.roles.is_colocated:
                         dview.start(t.request_id, t.input_len, 0)

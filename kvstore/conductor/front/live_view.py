@@ -21,6 +21,9 @@ conductor's own bookkeeping, so the same policy objects decide live as in the si
   prefill from busy time per first token, decode from the gaps between streamed tokens),
   set at each `snapshot`. The view's `cost` is the model policies were built with, so they
   predict with the measured speed too.
+- What the TTFT predictions leave out (`latency.FixedLatency`): the median lateness of
+  recent first tokens (`observe_first_token`), added to every TTFT prediction
+  (`ttft_latency_s`).
 - The handoff (`handoff_s`): from a request's first token to the decode engine's first
   message, the whole transfer of its KV at the speed measured over recent handoffs
   (`observe_handoff`).
@@ -40,6 +43,7 @@ from typing import NamedTuple
 
 from kvstore.conductor.cost_model import CostModel
 from kvstore.conductor.decode_load import current_load
+from kvstore.conductor.front.latency import FixedLatency
 from kvstore.conductor.front.speed import MAX_AGE_S, WINDOW, SpeedRatio
 from kvstore.conductor.profile import CostProfile
 from kvstore.conductor.sim.block_cache import LRUBlockCache
@@ -219,6 +223,8 @@ class LiveCluster(ClusterView):
         self.prefill_speed = SpeedRatio(speed_window, speed_max_age_s)
         self.decode_speed = SpeedRatio(speed_window, speed_max_age_s)
         self.handoff_speed = SpeedRatio(speed_window, speed_max_age_s)
+        self.latency = FixedLatency(speed_window, speed_max_age_s)
+        self._latency_s = 0.0  # at the last snapshot
         self._speeds = (1.0, 1.0)  # the factors the cost model is scaled by
         for p in self.prefills:
             p.speed = self.prefill_speed
@@ -232,6 +238,7 @@ class LiveCluster(ClusterView):
         for p in self.prefills:
             p.now_s = self._now_s
         self._pooled = frozenset()
+        self._latency_s = self.latency.seconds(self._now_s)
         speeds = self.prefill_speed.factor(self._now_s), self.decode_speed.factor(self._now_s)
         if speeds != self._speeds:  # a new profile only when a factor moved
             self._speeds = speeds
@@ -244,6 +251,8 @@ class LiveCluster(ClusterView):
         self.prefill_speed = SpeedRatio(window, max_age_s)
         self.decode_speed = SpeedRatio(window, max_age_s)
         self.handoff_speed = SpeedRatio(window, max_age_s)
+        self.latency = FixedLatency(window, max_age_s)
+        self._latency_s = 0.0
         for p in self.prefills:
             p.speed = self.prefill_speed
 
@@ -258,6 +267,16 @@ class LiveCluster(ClusterView):
         load = current_load(self.decodes[decode])
         step_s = self._base_cost.decode_step_s(max(1, load.num_seqs), load.context_tokens)
         self.decode_speed.observe(now_s, gap_s, num_tokens * step_s)
+
+    def observe_first_token(self, now_s: float, ttft_s: float, predicted_s: float) -> None:
+        """At `now_s`, a request's first token came `ttft_s` after its arrival, where its
+        queue and prefill were predicted (at the measured speed) to take `predicted_s`."""
+        self.latency.observe(now_s, ttft_s, predicted_s)
+
+    @property
+    def ttft_latency_s(self) -> float:
+        """The median lateness of recent first tokens (`latency`), at the last snapshot."""
+        return self._latency_s
 
     def observe_handoff(self, now_s: float, handoff_s: float, input_len: int) -> None:
         """At `now_s`, a decode engine streamed its first message for a request of
