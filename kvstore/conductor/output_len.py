@@ -40,6 +40,7 @@ class OutputLenEstimator:
         self._octaves: deque[int] = deque(maxlen=window)  # prompt octave of each, -1 unknown
         self._ended: deque[bool] = deque(maxlen=window)  # False: cut short by max_tokens
         self._seen: list[tuple[int, int, bool]] = []  # (output, octave, ended) at the refresh
+        self._num_cut = 0  # of `_seen`, those cut short
         self._refresh_every = refresh_every
         self._since_refresh = 0
         self._sorted: list[int] = []
@@ -62,6 +63,7 @@ class OutputLenEstimator:
         self._sorted = sorted(self._window)
         self._suffix = [*reversed(list(accumulate(reversed(self._sorted)))), 0]
         self._seen = list(zip(self._window, self._octaves, self._ended, strict=True))
+        self._num_cut = self._ended.count(False)
         self._since_refresh = 0
         self._table = None
 
@@ -84,7 +86,7 @@ class OutputLenEstimator:
             return float(self._prior_len)
         n = len(self._sorted)
         k = min(n - 1, int(q * n))  # the k-th shortest: P(L <= x) reaches (k + 1) / n
-        if all(ended for _, _, ended in self._seen):
+        if not self._num_cut:
             return float(max(1, self._sorted[k]))
         curve = self.survival()
         reached = np.flatnonzero(curve <= 1 - (k + 1) / n + 1e-9)
