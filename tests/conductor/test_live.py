@@ -344,12 +344,15 @@ def test_a_conductor_scales_its_profile_by_the_engines_measured_speed(cluster, t
         _, after = _get(base + "/metrics")
     finally:
         assert proc.stop() == 0
-    for phase in ("prefill", "decode"):
+    for phase in ("prefill", "decode", "handoff"):
         # Measured by its warm-up before it served anything: the probes are no requests.
         warmed = _speed(before, phase)
         assert warmed > 0 and warmed != 1.0, (phase, warmed)
         measured = _speed(after, phase)
         assert measured > 0 and measured != 1.0, (phase, measured)
+    # The first tokens' lateness beyond their predictions: shown, and never below 0.
+    latency = re.search(r"^kvstore_conductor_ttft_latency_seconds (\S+)$", after, re.MULTILINE)
+    assert latency is not None and float(latency.group(1)) >= 0
     assert _routed(before) == 0 and _value(before, "kvstore_conductor_ttft_seconds_count") == 0
     assert _routed(after) == 3
 

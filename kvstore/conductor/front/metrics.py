@@ -16,8 +16,10 @@ Series (counters carry prometheus_client's ``_total`` suffix):
   (predicted work ahead), ``..._engine_decoding_requests``, ``..._engine_context_tokens``:
   each engine's queue as the conductor's view holds it, read at scrape time.
 - ``kvstore_conductor_speed_factor{phase}``: how many times the profile's time prefill and
-  decode work takes on the engines, as measured (`speed.SpeedRatio`); predictions are the
-  profile's times scaled by it.
+  decode work, and the handoff between them, take on the engines, as measured
+  (`speed.SpeedRatio`); predictions are the profile's times scaled by it.
+- ``kvstore_conductor_ttft_latency_seconds``: what every first token takes beyond its
+  predicted queue and prefill, added to each TTFT prediction (`latency.FixedLatency`).
 - ``kvstore_open_streams{service="conductor"}``, ``kvstore_refused_streams_total`` and
   ``kvstore_stalled_streams_total``: response streams (HTTP and gRPC) open, refused past a
   bound and ended for a stalled reader (`kvstore.bounds.BoundsCollector`).
@@ -138,4 +140,9 @@ class _QueueCollector(Collector):
         now_s = self.cluster.now_s
         speed.add_metric(["prefill"], self.cluster.prefill_speed.factor(now_s))
         speed.add_metric(["decode"], self.cluster.decode_speed.factor(now_s))
-        yield from (queued, seconds, decoding, context, speed)
+        speed.add_metric(["handoff"], self.cluster.handoff_speed.factor(now_s))
+        latency = GaugeMetricFamily(
+            "kvstore_conductor_ttft_latency_seconds", "added to each TTFT prediction"
+        )
+        latency.add_metric([], self.cluster.latency.seconds(now_s))
+        yield from (queued, seconds, decoding, context, speed, latency)
